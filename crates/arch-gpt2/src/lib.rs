@@ -1,0 +1,250 @@
+//! # GPT-2
+//!
+//! "Language Models are Unsupervised Multitask Learners" (Radford et al., 2019): a pre-norm
+//! decoder with learned absolute positions, fused `c_attn` query/key/value projection, a GELU MLP
+//! and a head tied to the token embeddings.
+//!
+//! Checkpoints as `transformers` 5.x stores them: keys with or without the `transformer.` prefix,
+//! `Conv1D` weights laid out `[in, out]`, `lm_head.weight` stored only when untied.
+
+use hookscope_core::burn::tensor::Tensor;
+use hookscope_core::cache::{KvCache, LayerState, ModelCache};
+use hookscope_core::nn::{Activation, Embedding, LayerNorm, Linear, SoftmaxAttention};
+use hookscope_core::schema::{LayerSite, LayerSpec, MixerKind};
+use hookscope_core::{
+    ArchConfig, Architecture, CallInput, CausalLm, Hooks, ModelLayout, Result, Site, WeightLoader,
+};
+use serde::Deserialize;
+
+/// `config.json` of a GPT-2 checkpoint (the fields the forward pass depends on).
+#[derive(Debug, Clone, Deserialize)]
+pub struct Gpt2Config {
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Learned positions.
+    pub n_positions: usize,
+    /// Hidden size.
+    pub n_embd: usize,
+    /// Blocks.
+    pub n_layer: usize,
+    /// Attention heads.
+    pub n_head: usize,
+    /// MLP inner size (default `4 * n_embd`).
+    #[serde(default)]
+    pub n_inner: Option<usize>,
+    /// MLP activation.
+    #[serde(default = "default_activation")]
+    pub activation_function: String,
+    /// LayerNorm epsilon.
+    #[serde(default = "default_eps")]
+    pub layer_norm_epsilon: f64,
+    /// Scale scores by `1/sqrt(head_dim)`.
+    #[serde(default = "default_true")]
+    pub scale_attn_weights: bool,
+    /// Also scale scores by `1/(layer + 1)`.
+    #[serde(default)]
+    pub scale_attn_by_inverse_layer_idx: bool,
+    /// Whether the head shares the token embedding table.
+    #[serde(default = "default_true")]
+    pub tie_word_embeddings: bool,
+    /// Cross-attention blocks (encoder-decoder use): not supported.
+    #[serde(default)]
+    pub add_cross_attention: bool,
+}
+
+fn default_activation() -> String {
+    "gelu_new".into()
+}
+fn default_eps() -> f64 {
+    1e-5
+}
+fn default_true() -> bool {
+    true
+}
+
+struct Block {
+    ln_1: LayerNorm,
+    c_attn: Linear,
+    attention: SoftmaxAttention,
+    c_proj: Linear,
+    ln_2: LayerNorm,
+    c_fc: Linear,
+    mlp_proj: Linear,
+}
+
+/// A loaded GPT-2.
+pub struct Gpt2 {
+    layout: ModelLayout,
+    config: Gpt2Config,
+    activation: Activation,
+    wte: Embedding,
+    wpe: Embedding,
+    blocks: Vec<Block>,
+    ln_f: LayerNorm,
+    lm_head: Linear,
+}
+
+impl Gpt2 {
+    /// Builds the model from its config and weights.
+    pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<Self> {
+        let config: Gpt2Config = arch_config.parse()?;
+        let activation = Activation::from_hf_name(&config.activation_function).ok_or_else(|| {
+            arch_config.unsupported(format!(
+                "activation_function `{}` (supported: gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, relu, silu)",
+                config.activation_function
+            ))
+        })?;
+        if config.add_cross_attention {
+            return Err(arch_config.unsupported("add_cross_attention (encoder-decoder GPT-2)"));
+        }
+        let (h, heads) = (config.n_embd, config.n_head);
+        if heads == 0 || h % heads != 0 {
+            return Err(
+                arch_config.unsupported(format!("n_embd {h} is not a multiple of n_head {heads}"))
+            );
+        }
+        let head_dim = h / heads;
+        let inner = config.n_inner.unwrap_or(4 * h);
+        let prefix = if loader.checkpoint().contains("transformer.wte.weight") {
+            "transformer."
+        } else {
+            ""
+        };
+        let name = |rest: &str| format!("{prefix}{rest}");
+        let wte = Embedding::load(loader, &name("wte.weight"), config.vocab_size, h);
+        let wpe = Embedding::load(loader, &name("wpe.weight"), config.n_positions, h);
+        let blocks = (0..config.n_layer)
+            .map(|i| {
+                let block = |rest: &str| name(&format!("h.{i}.{rest}"));
+                let mut scale = if config.scale_attn_weights {
+                    (head_dim as f64).powf(-0.5)
+                } else {
+                    1.0
+                };
+                if config.scale_attn_by_inverse_layer_idx {
+                    scale /= (i + 1) as f64;
+                }
+                Block {
+                    ln_1: LayerNorm::load(loader, &block("ln_1"), h, config.layer_norm_epsilon),
+                    c_attn: Linear::load_conv1d(loader, &block("attn.c_attn"), h, 3 * h),
+                    attention: SoftmaxAttention {
+                        heads,
+                        kv_heads: heads,
+                        head_dim,
+                        scale,
+                    },
+                    c_proj: Linear::load_conv1d(loader, &block("attn.c_proj"), h, h),
+                    ln_2: LayerNorm::load(loader, &block("ln_2"), h, config.layer_norm_epsilon),
+                    c_fc: Linear::load_conv1d(loader, &block("mlp.c_fc"), h, inner),
+                    mlp_proj: Linear::load_conv1d(loader, &block("mlp.c_proj"), inner, h),
+                }
+            })
+            .collect();
+        let ln_f = LayerNorm::load(loader, &name("ln_f"), h, config.layer_norm_epsilon);
+        let lm_head = if config.tie_word_embeddings {
+            Linear::from_out_in(wte.table())
+        } else {
+            Linear::load_torch(loader, "lm_head", h, config.vocab_size, false)
+        };
+        let layer = LayerSpec {
+            mixer: MixerKind::SoftmaxAttention {
+                heads,
+                kv_heads: heads,
+                head_dim,
+            },
+            has_mlp: true,
+        };
+        Ok(Gpt2 {
+            layout: ModelLayout {
+                hidden: h,
+                vocab: config.vocab_size,
+                layers: vec![layer; config.n_layer],
+            },
+            config,
+            activation,
+            wte,
+            wpe,
+            blocks,
+            ln_f,
+            lm_head,
+        })
+    }
+}
+
+impl CausalLm for Gpt2 {
+    fn layout(&self) -> &ModelLayout {
+        &self.layout
+    }
+
+    fn max_positions(&self) -> Option<usize> {
+        Some(self.config.n_positions)
+    }
+
+    fn new_cache(&self) -> ModelCache {
+        ModelCache::new(
+            (0..self.blocks.len())
+                .map(|_| LayerState::KeyValue(KvCache::default()))
+                .collect(),
+        )
+    }
+
+    fn forward(
+        &self,
+        input: &CallInput,
+        cache: &mut ModelCache,
+        hooks: &mut Hooks<'_>,
+    ) -> Result<Tensor<3>> {
+        let [batch, tokens] = input.input_ids.dims();
+        let embeddings = self.wte.forward(input.input_ids.clone());
+        let embeddings = hooks.visit(Site::TokenEmbeddings, embeddings)?;
+        let mut hidden = embeddings + self.wpe.forward(input.position_ids.clone());
+        let split_heads = |x: Tensor<3>, heads: usize| -> Tensor<4> {
+            x.reshape([batch, tokens, heads, self.config.n_embd / heads])
+                .swap_dims(1, 2)
+        };
+        for (layer, block) in self.blocks.iter().enumerate() {
+            let site = |site| Site::layer(layer, site);
+            hidden = hooks.visit(site(LayerSite::LayerInput), hidden)?;
+            let qkv = block.c_attn.forward(block.ln_1.forward(hidden.clone()));
+            let h = self.config.n_embd;
+            let q = qkv.clone().slice_dim(2, 0..h);
+            let k = qkv.clone().slice_dim(2, h..2 * h);
+            let v = qkv.slice_dim(2, 2 * h..3 * h);
+            let heads = block.attention.heads;
+            let mixed = block.attention.forward(
+                layer,
+                split_heads(q, heads),
+                split_heads(k, heads),
+                split_heads(v, heads),
+                &input.attention_mask,
+                cache.key_value(layer)?,
+                hooks,
+            )?;
+            let attention_output = hooks.visit(
+                site(LayerSite::AttentionOutput),
+                block.c_proj.forward(mixed),
+            )?;
+            hidden = hidden + attention_output;
+            let mlp = block.mlp_proj.forward(
+                self.activation
+                    .forward(block.c_fc.forward(block.ln_2.forward(hidden.clone()))),
+            );
+            let mlp_output = hooks.visit(site(LayerSite::MlpOutput), mlp)?;
+            hidden = hooks.visit(site(LayerSite::LayerOutput), hidden + mlp_output)?;
+        }
+        Ok(self.lm_head.forward(self.ln_f.forward(hidden)))
+    }
+}
+
+fn load(config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<Box<dyn CausalLm>> {
+    Ok(Box::new(Gpt2::load(config, loader)?))
+}
+
+hookscope_core::inventory::submit! {
+    Architecture {
+        name: "gpt2",
+        model_types: &["gpt2"],
+        architectures: &["GPT2LMHeadModel", "GPT2Model"],
+        load,
+    }
+}

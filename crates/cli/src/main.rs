@@ -1,0 +1,71 @@
+//! `hookscope`: run any registered model and read or write its internals by standard site names.
+
+mod embedded;
+mod run;
+mod sites;
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use hookscope_core::burn::tensor::Device;
+use hookscope_core::{Model, ModelSource};
+
+// Built-in architectures: linking each crate is what registers it.
+use hookscope_arch_gpt2 as _;
+
+/// Read and write the internals of language models under one standard set of site names.
+#[derive(Debug, Parser)]
+#[command(name = "hookscope", version, about)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Run a forward trace, print the top next tokens, and save requested sites.
+    Run(run::RunArgs),
+    /// List every site of a model with its shape at the prompt call and at a decode step.
+    Sites(sites::SitesArgs),
+    /// List the registered architectures.
+    Archs,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        Command::Run(args) => run::run(&args),
+        Command::Sites(args) => sites::sites(&args),
+        Command::Archs => {
+            archs();
+            Ok(())
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn archs() {
+    for arch in hookscope_core::registry::registered() {
+        println!(
+            "{:<12} model_type: {:<24} architectures: {}",
+            arch.name,
+            arch.model_types.join(", "),
+            arch.architectures.join(", ")
+        );
+    }
+}
+
+/// Loads MODEL (a directory or a cached hub id), or the embedded default model when omitted.
+fn load_model(spec: Option<&str>) -> hookscope_core::Result<Model> {
+    let source = match spec {
+        Some(spec) => ModelSource::resolve(spec)?,
+        None => ModelSource::Embedded(&embedded::DEFAULT_MODEL),
+    };
+    Model::load(&source, &Device::default())
+}

@@ -1,0 +1,45 @@
+//! `hookscope sites`: the shape table of one model.
+
+use clap::Args;
+use hookscope_core::schema::CallDims;
+
+/// Arguments of `hookscope sites`.
+#[derive(Debug, Args)]
+pub struct SitesArgs {
+    /// Model directory or cached hub id (default: the embedded tiny GPT-2).
+    model: Option<String>,
+    /// Prompt length used to resolve the shapes.
+    #[arg(long, default_value_t = 10)]
+    prompt_len: usize,
+    /// Batch size used to resolve the shapes.
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// The decode step shown beside the prompt call.
+    #[arg(long, default_value_t = 1)]
+    step: usize,
+}
+
+/// Prints every site in call order with its symbolic and concrete shapes.
+pub fn sites(args: &SitesArgs) -> hookscope_core::Result<()> {
+    let model = crate::load_model(args.model.as_deref())?;
+    let layout = model.layout();
+    let prompt = CallDims::at_step(args.batch, args.prompt_len, 0);
+    let decode = CallDims::at_step(args.batch, args.prompt_len, args.step.max(1));
+    println!(
+        "{:<46} {:<16} {:<22} step {}",
+        "site",
+        "shape",
+        "step 0",
+        args.step.max(1)
+    );
+    for site in layout.call_order() {
+        println!(
+            "{:<46} {:<16} {:<22} {:?}",
+            site.to_string(),
+            layout.symbolic_shape(site).to_string(),
+            format!("{:?}", layout.shape(site, prompt)),
+            layout.shape(site, decode)
+        );
+    }
+    Ok(())
+}

@@ -1,0 +1,171 @@
+//! The typed errors of hookscope.
+
+use std::path::PathBuf;
+
+/// Every failure hookscope reports. Messages are written for the researcher who caused them.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// A site name that is not in the schema.
+    #[error("unknown site `{name}`{}", suggestion_suffix(.suggestion))]
+    UnknownSite {
+        /// What was asked for.
+        name: String,
+        /// The closest valid site of this model, if any is close.
+        suggestion: Option<String>,
+    },
+    /// A layer index past the model's last layer.
+    #[error("`{name}`: layer {layer} is out of range; this model has {layers} layers (0..={})", .layers.saturating_sub(1))]
+    LayerOutOfRange {
+        /// What was asked for.
+        name: String,
+        /// The layer index asked for.
+        layer: usize,
+        /// The model's layer count.
+        layers: usize,
+    },
+    /// A valid schema site that this model's layer does not have.
+    #[error(
+        "`{name}`: layer {layer} of this model is a {mixer} block, which has no such site; its sites are: {available}"
+    )]
+    SiteNotInArchitecture {
+        /// What was asked for.
+        name: String,
+        /// The layer.
+        layer: usize,
+        /// The layer's mixer kind.
+        mixer: &'static str,
+        /// The sites the layer does have.
+        available: String,
+    },
+    /// A glob pattern that matched no site.
+    #[error("pattern `{0}` matches no site of this model (try `hookscope sites`)")]
+    PatternMatchesNothing(String),
+    /// A steps specification that does not parse.
+    #[error("invalid steps `{0}`: expected `K`, `A:B` (end exclusive) or `all`")]
+    InvalidSteps(String),
+    /// A write whose value does not have the site's shape.
+    #[error("write to `{site}` at step {step}: value has shape {got:?}, the site has {expected:?}")]
+    WriteShapeMismatch {
+        /// The site written.
+        site: String,
+        /// The step.
+        step: usize,
+        /// The site's shape.
+        expected: Vec<usize>,
+        /// The written value's shape.
+        got: Vec<usize>,
+    },
+    /// A write whose value has the wrong kind (integer ids vs. float activations) or rank.
+    #[error("write to `{site}`: value is {got}, the site holds {expected}")]
+    WriteKindMismatch {
+        /// The site written.
+        site: String,
+        /// What the site holds.
+        expected: String,
+        /// What was written.
+        got: String,
+    },
+    /// Reading a file failed.
+    #[error("cannot read {}: {source}", .path.display())]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: std::io::Error,
+    },
+    /// A JSON file that does not parse or lacks a required field.
+    #[error("malformed {}: {source}", .path.display())]
+    Json {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        source: serde_json::Error,
+    },
+    /// A config value that the adapter cannot run.
+    #[error("{}: unsupported configuration: {message}", .path.display())]
+    UnsupportedConfig {
+        /// The config file.
+        path: PathBuf,
+        /// What is unsupported.
+        message: String,
+    },
+    /// A safetensors file that does not parse (truncated, bad header, ...).
+    #[error("malformed safetensors file {}: {message}", .path.display())]
+    Safetensors {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        message: String,
+    },
+    /// Loading found missing, misshapen or unusable weights; every problem is listed.
+    #[error("cannot load weights from {}:\n{}", .path.display(), .problems.join("\n"))]
+    Weights {
+        /// The checkpoint directory.
+        path: PathBuf,
+        /// One line per problem.
+        problems: Vec<String>,
+    },
+    /// A tokenizer file that does not load.
+    #[error("cannot load tokenizer {}: {message}", .path.display())]
+    Tokenizer {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        message: String,
+    },
+    /// Tokenizing or decoding failed, or the model has no tokenizer.
+    #[error("tokenizer: {0}")]
+    Tokenize(String),
+    /// No registered architecture serves this checkpoint.
+    #[error(
+        "no registered architecture handles model_type `{model_type}` (architectures: {architectures:?}); registered: {registered}"
+    )]
+    UnknownArchitecture {
+        /// `config.json`'s `model_type`.
+        model_type: String,
+        /// `config.json`'s `architectures`.
+        architectures: Vec<String>,
+        /// What is registered.
+        registered: String,
+    },
+    /// A model given by path or hub id that cannot be found.
+    #[error("model `{spec}` not found: {reason}")]
+    ModelNotFound {
+        /// The path or hub id.
+        spec: String,
+        /// Why.
+        reason: String,
+    },
+    /// Input the engine cannot run (empty prompt, over-long sequence, ...).
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+    /// A user edit function failed.
+    #[error("edit of `{site}` failed: {message}")]
+    Edit {
+        /// The site edited.
+        site: String,
+        /// The cause.
+        message: String,
+    },
+    /// Writing an output file failed.
+    #[error("cannot write {}: {message}", .path.display())]
+    Output {
+        /// The file.
+        path: PathBuf,
+        /// The cause.
+        message: String,
+    },
+    /// A tensor operation failed on the device.
+    #[error("tensor backend: {0}")]
+    Backend(String),
+}
+
+fn suggestion_suffix(suggestion: &Option<String>) -> String {
+    match suggestion {
+        Some(name) => format!("; did you mean `{name}`?"),
+        None => String::new(),
+    }
+}
+
+/// hookscope's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;

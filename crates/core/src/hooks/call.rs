@@ -1,0 +1,166 @@
+//! The hook entry the forward pass calls at every site, for one call (one step).
+
+use std::collections::HashMap;
+
+use super::request::{Action, Interventions, Write};
+use super::value::{SiteTensor, SiteValue};
+use crate::error::{Error, Result};
+use crate::schema::{ModelLayout, Site};
+
+/// Values saved by reads, keyed by site and step.
+#[derive(Debug, Clone, Default)]
+pub struct Saved {
+    values: HashMap<(Site, usize), SiteValue>,
+}
+
+impl Saved {
+    /// The value of `site` at `step`, if it was saved.
+    pub fn get(&self, site: Site, step: usize) -> Option<&SiteValue> {
+        self.values.get(&(site, step))
+    }
+
+    /// Every saved value, ordered by step, then by site.
+    pub fn iter(&self) -> impl Iterator<Item = (Site, usize, &SiteValue)> {
+        let mut keys: Vec<&(Site, usize)> = self.values.keys().collect();
+        keys.sort_by_key(|(site, step)| (*step, *site));
+        keys.into_iter()
+            .map(|key| (key.0, key.1, &self.values[key]))
+    }
+
+    /// Number of saved values.
+    pub fn len(&self) -> usize {
+        self.values.len()
+    }
+
+    /// Whether nothing was saved.
+    pub fn is_empty(&self) -> bool {
+        self.values.is_empty()
+    }
+}
+
+/// What to do at one site during this call.
+struct SitePlan<'a> {
+    save: bool,
+    writes: Vec<&'a Write>,
+}
+
+/// The hooks of one forward call. Adapters call [`Hooks::visit`] at every site, in the order of
+/// the step-order contract; nothing else of hooking is their business.
+///
+/// A site with no request costs one indexed lookup: no copy, no allocation.
+pub struct Hooks<'a> {
+    step: usize,
+    layout: &'a ModelLayout,
+    /// Indexed by [`ModelLayout::slot`]; empty when nothing applies at this step.
+    plans: Vec<Option<SitePlan<'a>>>,
+    saved: &'a mut Saved,
+    order: Option<&'a mut Vec<Site>>,
+}
+
+impl<'a> Hooks<'a> {
+    /// The hooks for call `step` of a run with these interventions. When `order` is given, every
+    /// visited site is appended to it (the conformance suite's recorder).
+    pub fn for_call(
+        layout: &'a ModelLayout,
+        interventions: &'a Interventions,
+        step: usize,
+        saved: &'a mut Saved,
+        order: Option<&'a mut Vec<Site>>,
+    ) -> Self {
+        let mut plans: Vec<Option<SitePlan<'a>>> = Vec::new();
+        for request in interventions.requests() {
+            if !request.steps.contains(step) || !layout.has(request.site) {
+                continue;
+            }
+            if plans.is_empty() {
+                plans.resize_with(layout.slot_count(), || None);
+            }
+            let plan = plans[layout.slot(request.site)].get_or_insert_with(|| SitePlan {
+                save: false,
+                writes: Vec::new(),
+            });
+            match &request.action {
+                Action::Save => plan.save = true,
+                Action::Write(write) => plan.writes.push(write),
+            }
+        }
+        Hooks {
+            step,
+            layout,
+            plans,
+            saved,
+            order,
+        }
+    }
+
+    /// The step this call is.
+    pub fn step(&self) -> usize {
+        self.step
+    }
+
+    /// Whether anything reads, writes or records `site` in this call. Adapters use it to skip
+    /// computing a value nobody looks at (e.g. explicit attention probabilities).
+    pub fn observes(&self, site: Site) -> bool {
+        self.order.is_some() || self.plan(site).is_some()
+    }
+
+    fn plan(&self, site: Site) -> Option<&SitePlan<'a>> {
+        self.plans
+            .get(self.layout.slot(site))
+            .and_then(Option::as_ref)
+    }
+
+    /// The hook entry: applies this call's writes to `site` in request order, saves the result
+    /// if asked, and returns the value that flows on.
+    pub fn visit<T: SiteTensor>(&mut self, site: Site, value: T) -> Result<T> {
+        if let Some(order) = self.order.as_deref_mut() {
+            order.push(site);
+        }
+        let Some(plan) = self
+            .plans
+            .get(self.layout.slot(site))
+            .and_then(Option::as_ref)
+        else {
+            return Ok(value);
+        };
+        let mut value = value;
+        for write in &plan.writes {
+            value = apply_write(site, self.step, write, value)?;
+        }
+        if plan.save {
+            self.saved
+                .values
+                .insert((site, self.step), value.clone().into_value());
+        }
+        Ok(value)
+    }
+}
+
+fn apply_write<T: SiteTensor>(site: Site, step: usize, write: &Write, value: T) -> Result<T> {
+    let current = value.into_value();
+    let expected = current.shape();
+    let replacement = match write {
+        Write::Zero => current.zeros_like(),
+        Write::Set(new) => SiteValue::clone(new),
+        Write::Edit(edit) => edit(current).map_err(|message| Error::Edit {
+            site: site.to_string(),
+            message,
+        })?,
+    };
+    let got = replacement.shape();
+    let kind = replacement.describe();
+    let replacement = T::from_value(replacement).ok_or_else(|| Error::WriteKindMismatch {
+        site: site.to_string(),
+        expected: T::describe().to_string(),
+        got: kind,
+    })?;
+    if got != expected {
+        return Err(Error::WriteShapeMismatch {
+            site: site.to_string(),
+            step,
+            expected,
+            got,
+        });
+    }
+    Ok(replacement)
+}

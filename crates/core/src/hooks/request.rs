@@ -1,0 +1,247 @@
+//! What a researcher asks for: reads and writes of sites at chosen steps.
+
+use std::fmt;
+use std::ops::Range;
+use std::sync::Arc;
+
+use super::value::SiteValue;
+use crate::error::{Error, Result};
+use crate::schema::{ModelLayout, Site};
+
+/// The calls a request binds to. Step 0 is the prompt call; a request that names no steps binds
+/// to step 0.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Steps {
+    /// Exactly one step.
+    At(usize),
+    /// Steps `start..end` (end exclusive, like `tracer.iter[A:B]`).
+    Range(Range<usize>),
+    /// Every step.
+    All,
+}
+
+impl Default for Steps {
+    /// Step 0, the prompt call: what a read that names no steps binds to.
+    fn default() -> Self {
+        Steps::At(0)
+    }
+}
+
+impl Steps {
+    /// Whether the request applies at `step`.
+    pub fn contains(&self, step: usize) -> bool {
+        match self {
+            Steps::At(at) => *at == step,
+            Steps::Range(range) => range.contains(&step),
+            Steps::All => true,
+        }
+    }
+
+    /// Parses `K`, `A:B` (end exclusive; either bound may be omitted) or `all`.
+    pub fn parse(text: &str) -> Result<Steps> {
+        let invalid = || Error::InvalidSteps(text.to_string());
+        let number = |s: &str| s.trim().parse::<usize>().map_err(|_| invalid());
+        if text.trim() == "all" {
+            return Ok(Steps::All);
+        }
+        match text.split_once(':') {
+            None => Ok(Steps::At(number(text)?)),
+            Some((start, end)) => {
+                let start = if start.trim().is_empty() {
+                    0
+                } else {
+                    number(start)?
+                };
+                if end.trim().is_empty() {
+                    return Ok(Steps::Range(start..usize::MAX));
+                }
+                let end = number(end)?;
+                if end <= start {
+                    return Err(invalid());
+                }
+                Ok(Steps::Range(start..end))
+            }
+        }
+    }
+}
+
+impl fmt::Display for Steps {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Steps::At(step) => write!(f, "{step}"),
+            Steps::Range(range) if range.end == usize::MAX => write!(f, "{}:", range.start),
+            Steps::Range(range) => write!(f, "{}:{}", range.start, range.end),
+            Steps::All => f.write_str("all"),
+        }
+    }
+}
+
+/// Sites and steps named by one `PATTERN[@STEPS]` string, such as `layers.*.layer_output@1:3`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Selection {
+    /// The matching sites, in call order.
+    pub sites: Vec<Site>,
+    /// The steps.
+    pub steps: Steps,
+}
+
+impl Selection {
+    /// Parses `PATTERN[@STEPS]` against a model; `default_steps` applies when no `@` is given.
+    pub fn parse(layout: &ModelLayout, spec: &str, default_steps: Steps) -> Result<Selection> {
+        let (pattern, steps) = match spec.rsplit_once('@') {
+            Some((pattern, steps)) => (pattern, Steps::parse(steps)?),
+            None => (spec, default_steps),
+        };
+        Ok(Selection {
+            sites: layout.expand(pattern)?,
+            steps,
+        })
+    }
+}
+
+/// A user function computing a site's new value from its current one.
+pub type EditFn = Arc<dyn Fn(SiteValue) -> Result<SiteValue, String> + Send + Sync>;
+
+/// How a write changes a site's value. The new value flows on through the rest of the call and,
+/// through caches and state, into every later step.
+#[derive(Clone)]
+pub enum Write {
+    /// Replace the value (same shape and kind).
+    Set(Box<SiteValue>),
+    /// Replace the value by zeros.
+    Zero,
+    /// Replace the value by a function of it (same shape and kind).
+    Edit(EditFn),
+}
+
+impl fmt::Debug for Write {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Write::Set(value) => write!(f, "Set({:?})", value.shape()),
+            Write::Zero => f.write_str("Zero"),
+            Write::Edit(_) => f.write_str("Edit(..)"),
+        }
+    }
+}
+
+/// What a request does at its site.
+#[derive(Debug, Clone)]
+pub enum Action {
+    /// Keep the value (as it flows on, after any write at the same site).
+    Save,
+    /// Change the value.
+    Write(Write),
+}
+
+/// One request: a site, the steps it binds to, and what to do there.
+#[derive(Debug, Clone)]
+pub struct Request {
+    /// The site.
+    pub site: Site,
+    /// The steps it applies at.
+    pub steps: Steps,
+    /// Read or write.
+    pub action: Action,
+}
+
+/// Every request of one trace or generation, in the order they were made (writes at one site
+/// apply in that order).
+#[derive(Debug, Clone, Default)]
+pub struct Interventions {
+    requests: Vec<Request>,
+}
+
+impl Interventions {
+    /// No requests: the forward pass runs unhooked.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Saves `site` at `steps`.
+    pub fn save(mut self, site: Site, steps: Steps) -> Self {
+        self.push(site, steps, Action::Save);
+        self
+    }
+
+    /// Replaces `site` by `value` at `steps`.
+    pub fn set(mut self, site: Site, steps: Steps, value: SiteValue) -> Self {
+        self.push(site, steps, Action::Write(Write::Set(Box::new(value))));
+        self
+    }
+
+    /// Zeroes `site` at `steps`.
+    pub fn zero(mut self, site: Site, steps: Steps) -> Self {
+        self.push(site, steps, Action::Write(Write::Zero));
+        self
+    }
+
+    /// Replaces `site` by `edit(value)` at `steps`.
+    pub fn edit(
+        mut self,
+        site: Site,
+        steps: Steps,
+        edit: impl Fn(SiteValue) -> Result<SiteValue, String> + Send + Sync + 'static,
+    ) -> Self {
+        self.push(site, steps, Action::Write(Write::Edit(Arc::new(edit))));
+        self
+    }
+
+    /// Adds a request.
+    pub fn push(&mut self, site: Site, steps: Steps, action: Action) {
+        self.requests.push(Request {
+            site,
+            steps,
+            action,
+        });
+    }
+
+    /// The requests, in order.
+    pub fn requests(&self) -> &[Request] {
+        &self.requests
+    }
+
+    /// Whether nothing is requested.
+    pub fn is_empty(&self) -> bool {
+        self.requests.is_empty()
+    }
+
+    /// Checks that every requested site exists on this model, before anything runs.
+    pub fn validate(&self, layout: &ModelLayout) -> Result<()> {
+        for request in &self.requests {
+            layout.resolve(&request.site.to_string())?;
+        }
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn selections_carry_their_steps() {
+        let layout = crate::schema::tests::gpt2_like(2);
+        let selection =
+            Selection::parse(&layout, "layers.*.layer_output@1:3", Steps::At(0)).unwrap();
+        assert_eq!(selection.sites.len(), 2);
+        assert_eq!(selection.steps, Steps::Range(1..3));
+        let selection = Selection::parse(&layout, "logits", Steps::All).unwrap();
+        assert_eq!(selection.sites, [Site::Logits]);
+        assert_eq!(selection.steps, Steps::All);
+        assert!(Selection::parse(&layout, "logits@x", Steps::All).is_err());
+    }
+
+    #[test]
+    fn steps_parse_and_bind() {
+        assert_eq!(Steps::parse("3").unwrap(), Steps::At(3));
+        assert_eq!(Steps::parse("1:3").unwrap(), Steps::Range(1..3));
+        assert_eq!(Steps::parse("all").unwrap(), Steps::All);
+        let open = Steps::parse("2:").unwrap();
+        assert!(!open.contains(1) && open.contains(2) && open.contains(50));
+        let range = Steps::parse("1:3").unwrap();
+        assert!(!range.contains(0) && range.contains(1) && range.contains(2) && !range.contains(3));
+        for bad in ["", "x", "3:1", "2:2", "-1", "1:2:3"] {
+            assert!(Steps::parse(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,160 @@
+//! Batches of prompts (left-padded, with an attention mask) and the per-call inputs derived from
+//! them: position ids from the mask and the causal + padding attention mask.
+
+use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
+
+use crate::error::{Error, Result};
+use crate::schema::CallDims;
+
+/// Prompts as token ids, left-padded to one length, with a mask of real (non-pad) positions.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Batch {
+    /// `[B][T]` token ids, pad ids on the left.
+    pub ids: Vec<Vec<u32>>,
+    /// `[B][T]`: true at real tokens, false at padding.
+    pub mask: Vec<Vec<bool>>,
+}
+
+impl Batch {
+    /// Left-pads `prompts` with `pad_id` to the longest one's length.
+    pub fn left_padded(prompts: Vec<Vec<u32>>, pad_id: u32) -> Result<Batch> {
+        if prompts.is_empty() {
+            return Err(Error::InvalidInput("no prompts".into()));
+        }
+        if let Some(k) = prompts.iter().position(Vec::is_empty) {
+            return Err(Error::InvalidInput(format!("prompt {k} has no tokens")));
+        }
+        let len = prompts.iter().map(Vec::len).max().unwrap_or_default();
+        let (ids, mask) = prompts
+            .into_iter()
+            .map(|prompt| {
+                let pad = len - prompt.len();
+                let mut ids = vec![pad_id; pad];
+                ids.extend(prompt);
+                let mut mask = vec![false; pad];
+                mask.resize(len, true);
+                (ids, mask)
+            })
+            .unzip();
+        Ok(Batch { ids, mask })
+    }
+
+    /// Number of prompts.
+    pub fn batch_size(&self) -> usize {
+        self.ids.len()
+    }
+
+    /// Padded prompt length.
+    pub fn len(&self) -> usize {
+        self.ids.first().map_or(0, Vec::len)
+    }
+
+    /// Whether the prompts are empty (never true for a batch made by [`Batch::left_padded`]).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Checks that the batch is non-empty and rectangular, with a mask of the same shape.
+    pub fn validate(&self) -> Result<()> {
+        let len = self.len();
+        let rectangular = self.ids.iter().all(|row| row.len() == len)
+            && self.mask.len() == self.ids.len()
+            && self.mask.iter().all(|row| row.len() == len);
+        if self.ids.is_empty() || len == 0 || !rectangular {
+            return Err(Error::InvalidInput(
+                "a batch needs at least one token per prompt, equal lengths and a mask of the same shape".into(),
+            ));
+        }
+        Ok(())
+    }
+
+    /// Whether any prompt is padded.
+    pub fn is_padded(&self) -> bool {
+        self.mask.iter().flatten().any(|real| !real)
+    }
+}
+
+/// What an adapter's forward pass receives for one call.
+#[derive(Debug, Clone)]
+pub struct CallInput {
+    /// `[B, T]` token ids of this call (after any write to `input_ids`).
+    pub input_ids: Tensor<2, Int>,
+    /// `[B, T]` positions, counted over real tokens only.
+    pub position_ids: Tensor<2, Int>,
+    /// `[B, 1, T, S]`, true where a query must not see a key (future or padding).
+    pub attention_mask: Tensor<4, Bool>,
+    /// `B`, `T`, `S` of this call.
+    pub dims: CallDims,
+}
+
+/// Position ids and attention mask for a call feeding the last `tokens` of `key_mask`'s
+/// positions. `key_mask` is `[B][S]`: true at real tokens of the whole context so far.
+///
+/// Positions count real tokens (pads get position 1, as `transformers` does). A real query sees
+/// real keys at or before it; a pad query sees every key at or before it, which keeps its row
+/// finite (its values are never used by a real position).
+pub(crate) fn call_masks(
+    key_mask: &[Vec<bool>],
+    tokens: usize,
+    device: &Device,
+) -> (Tensor<2, Int>, Tensor<4, Bool>) {
+    let batch = key_mask.len();
+    let positions = key_mask.first().map_or(0, Vec::len);
+    let past = positions - tokens;
+    let mut position_ids = Vec::with_capacity(batch * tokens);
+    let mut masked = Vec::with_capacity(batch * tokens * positions);
+    for row in key_mask {
+        let mut seen: i64 = 0;
+        let mut row_positions = Vec::with_capacity(positions);
+        for real in row {
+            seen += i64::from(*real);
+            row_positions.push(if *real { seen - 1 } else { 1 });
+        }
+        position_ids.extend_from_slice(&row_positions[past..]);
+        for query in past..positions {
+            let query_is_real = row[query];
+            masked.extend((0..positions).map(|key| key > query || (query_is_real && !row[key])));
+        }
+    }
+    let position_ids = Tensor::from_data(TensorData::new(position_ids, [batch, tokens]), device);
+    let mask = Tensor::from_data(
+        TensorData::new(masked, [batch, 1, tokens, positions]),
+        device,
+    );
+    (position_ids, mask)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn left_padding_and_masks() {
+        let batch = Batch::left_padded(vec![vec![5, 6, 7], vec![8]], 0).unwrap();
+        assert_eq!(batch.ids, [vec![5, 6, 7], vec![0, 0, 8]]);
+        assert_eq!(batch.mask, [vec![true; 3], vec![false, false, true]]);
+        let (positions, mask) = call_masks(&batch.mask, 3, &Device::default());
+        assert_eq!(
+            positions
+                .to_data()
+                .convert::<i64>()
+                .try_to_vec::<i64>()
+                .unwrap(),
+            [0, 1, 2, 1, 1, 0]
+        );
+        let mask = mask.to_data().try_to_vec::<bool>().unwrap();
+        // Row 1, query 2 (the real token) sees only key 2.
+        assert_eq!(&mask[9 + 6..9 + 9], &[true, true, false]);
+        // Row 0 is plain causal.
+        assert_eq!(
+            &mask[..9],
+            &[false, true, true, false, false, true, false, false, false]
+        );
+    }
+
+    #[test]
+    fn empty_prompts_are_rejected() {
+        assert!(Batch::left_padded(vec![], 0).is_err());
+        assert!(Batch::left_padded(vec![vec![1], vec![]], 0).is_err());
+    }
+}

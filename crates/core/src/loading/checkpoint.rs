@@ -1,0 +1,258 @@
+//! Safetensors checkpoints (single file or sharded), memory-mapped, and the weight loader that
+//! reports every missing or misshapen weight at once.
+
+use std::collections::{BTreeSet, HashMap};
+use std::ops::Deref;
+use std::path::{Path, PathBuf};
+
+use burn::tensor::{Device, Tensor, TensorData};
+use safetensors::tensor::{Dtype, Metadata, SafeTensors};
+
+use crate::error::{Error, Result};
+
+/// File bytes: memory-mapped from disk, or compiled into the binary.
+pub(crate) enum Bytes {
+    Mapped(memmap2::Mmap),
+    Static(&'static [u8]),
+}
+
+impl Deref for Bytes {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        match self {
+            Bytes::Mapped(map) => map,
+            Bytes::Static(bytes) => bytes,
+        }
+    }
+}
+
+impl Bytes {
+    /// Maps a file read-only.
+    pub(crate) fn map(path: &Path) -> Result<Bytes> {
+        let io = |source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        let file = std::fs::File::open(path).map_err(io)?;
+        // SAFETY: the map is read-only and private to this process; a checkpoint rewritten
+        // underneath a running process is outside what hookscope can guard against (as with
+        // every mmap-based loader).
+        let map = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
+        Ok(Bytes::Mapped(map))
+    }
+}
+
+struct Shard {
+    path: PathBuf,
+    bytes: Bytes,
+    data_start: usize,
+    metadata: Metadata,
+}
+
+/// The weights of a checkpoint, by name, without reading them yet.
+pub struct Checkpoint {
+    origin: PathBuf,
+    shards: Vec<Shard>,
+    /// Weight name → shard index.
+    names: HashMap<String, usize>,
+}
+
+impl Checkpoint {
+    /// Opens `model.safetensors` or the shards of `model.safetensors.index.json` in `dir`.
+    pub fn open_dir(dir: &Path) -> Result<Checkpoint> {
+        let single = dir.join("model.safetensors");
+        if single.is_file() {
+            return Checkpoint::from_shards(dir, vec![(single.clone(), Bytes::map(&single)?)]);
+        }
+        let index_path = dir.join("model.safetensors.index.json");
+        if !index_path.is_file() {
+            return Err(Error::ModelNotFound {
+                spec: dir.display().to_string(),
+                reason: "no model.safetensors or model.safetensors.index.json in it".into(),
+            });
+        }
+        let index = crate::loading::read_json(&index_path)?;
+        let Some(weight_map) = index.get("weight_map").and_then(|m| m.as_object()) else {
+            return Err(Error::Safetensors {
+                path: index_path,
+                message: "no `weight_map` object".into(),
+            });
+        };
+        let mut files = BTreeSet::new();
+        for file in weight_map.values() {
+            let Some(file) = file.as_str() else {
+                return Err(Error::Safetensors {
+                    path: index_path.clone(),
+                    message: format!("`weight_map` value {file} is not a file name"),
+                });
+            };
+            files.insert(file.to_string());
+        }
+        let shards = files
+            .into_iter()
+            .map(|file| {
+                let path = dir.join(&file);
+                Bytes::map(&path).map(|bytes| (path, bytes))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let checkpoint = Checkpoint::from_shards(dir, shards)?;
+        let missing: Vec<String> = weight_map
+            .keys()
+            .filter(|name| !checkpoint.names.contains_key(*name))
+            .map(|name| format!("  index names `{name}`, which its shard does not hold"))
+            .collect();
+        if !missing.is_empty() {
+            return Err(Error::Weights {
+                path: dir.to_path_buf(),
+                problems: missing,
+            });
+        }
+        Ok(checkpoint)
+    }
+
+    /// A checkpoint held in memory (the embedded default model).
+    pub(crate) fn from_static(origin: &Path, bytes: &'static [u8]) -> Result<Checkpoint> {
+        let path = origin.join("model.safetensors");
+        Checkpoint::from_shards(origin, vec![(path, Bytes::Static(bytes))])
+    }
+
+    fn from_shards(origin: &Path, files: Vec<(PathBuf, Bytes)>) -> Result<Checkpoint> {
+        let mut shards = Vec::with_capacity(files.len());
+        let mut names = HashMap::new();
+        for (index, (path, bytes)) in files.into_iter().enumerate() {
+            let (header_len, metadata) =
+                SafeTensors::read_metadata(&bytes).map_err(|e| Error::Safetensors {
+                    path: path.clone(),
+                    message: e.to_string(),
+                })?;
+            for name in metadata.tensors().keys() {
+                names.insert(name.clone(), index);
+            }
+            shards.push(Shard {
+                path,
+                bytes,
+                data_start: 8 + header_len,
+                metadata,
+            });
+        }
+        Ok(Checkpoint {
+            origin: origin.to_path_buf(),
+            shards,
+            names,
+        })
+    }
+
+    /// Whether a weight of this name is stored.
+    pub fn contains(&self, name: &str) -> bool {
+        self.names.contains_key(name)
+    }
+
+    /// Every stored weight name, sorted.
+    pub fn names(&self) -> Vec<&str> {
+        let mut names: Vec<&str> = self.names.keys().map(String::as_str).collect();
+        names.sort_unstable();
+        names
+    }
+
+    /// Reads one weight as f32 with its shape.
+    fn read(&self, name: &str) -> Result<(Vec<f32>, Vec<usize>), String> {
+        let shard = &self.shards[*self.names.get(name).ok_or("missing")?];
+        let info = shard.metadata.info(name).ok_or("missing")?;
+        let (start, end) = info.data_offsets;
+        let bytes = &shard.bytes[shard.data_start + start..shard.data_start + end];
+        let values = match info.dtype {
+            Dtype::F32 => bytes
+                .chunks_exact(4)
+                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                .collect(),
+            Dtype::F16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            Dtype::BF16 => bytes
+                .chunks_exact(2)
+                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
+                .collect(),
+            other => {
+                return Err(format!(
+                    "dtype {other:?} in {} is not supported (F32, F16, BF16 are)",
+                    shard.path.display()
+                ));
+            }
+        };
+        Ok((values, info.shape.clone()))
+    }
+}
+
+/// Loads weights into tensors, collecting every problem instead of stopping at the first, and
+/// reporting which stored weights were never used (like burn-store's `ApplyResult`).
+pub struct WeightLoader<'a> {
+    checkpoint: &'a Checkpoint,
+    device: Device,
+    used: BTreeSet<String>,
+    problems: Vec<String>,
+}
+
+/// What loading did with the checkpoint.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct LoadReport {
+    /// Stored weights the adapter never asked for.
+    pub unused: Vec<String>,
+}
+
+impl<'a> WeightLoader<'a> {
+    /// A loader placing tensors on `device`.
+    pub fn new(checkpoint: &'a Checkpoint, device: &Device) -> Self {
+        WeightLoader {
+            checkpoint,
+            device: device.clone(),
+            used: BTreeSet::new(),
+            problems: Vec::new(),
+        }
+    }
+
+    /// The checkpoint being read.
+    pub fn checkpoint(&self) -> &Checkpoint {
+        self.checkpoint
+    }
+
+    /// The weight `name`, which must have `shape`. A missing or misshapen weight is recorded and
+    /// a zero placeholder returned, so that [`WeightLoader::finish`] can list every problem.
+    pub fn tensor<const D: usize>(&mut self, name: &str, shape: [usize; D]) -> Tensor<D> {
+        match self.checkpoint.read(name) {
+            Ok((values, stored)) if stored == shape => {
+                self.used.insert(name.to_string());
+                Tensor::from_data(TensorData::new(values, shape), &self.device)
+            }
+            Ok((_, stored)) => {
+                self.used.insert(name.to_string());
+                self.problems.push(format!(
+                    "  `{name}` has shape {stored:?}, expected {shape:?}"
+                ));
+                Tensor::zeros(shape, &self.device)
+            }
+            Err(reason) => {
+                self.problems.push(format!("  `{name}`: {reason}"));
+                Tensor::zeros(shape, &self.device)
+            }
+        }
+    }
+
+    /// Finishes loading: an error listing every problem, or a report of unused weights.
+    pub fn finish(self) -> Result<LoadReport> {
+        if !self.problems.is_empty() {
+            return Err(Error::Weights {
+                path: self.checkpoint.origin.clone(),
+                problems: self.problems,
+            });
+        }
+        let unused = self
+            .checkpoint
+            .names()
+            .into_iter()
+            .filter(|name| !self.used.contains(*name))
+            .map(str::to_string)
+            .collect();
+        Ok(LoadReport { unused })
+    }
+}

@@ -1,0 +1,207 @@
+//! Finding a model's files: a local Hugging Face directory, a hub id in the local hub cache, or
+//! a model compiled into the binary.
+
+mod checkpoint;
+
+use std::path::{Path, PathBuf};
+
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+
+pub use checkpoint::{Checkpoint, LoadReport, WeightLoader};
+
+use crate::error::{Error, Result};
+use crate::tokenizer::Tokenizer;
+
+/// A model compiled into a binary (the CLI's default model), laid out like a model directory.
+#[derive(Debug)]
+pub struct EmbeddedModel {
+    /// A name for messages (`<embedded:NAME>` stands in for its directory).
+    pub name: &'static str,
+    /// `config.json`.
+    pub config_json: &'static str,
+    /// `generation_config.json`, if any.
+    pub generation_config_json: Option<&'static str>,
+    /// `tokenizer.json`, if any.
+    pub tokenizer_json: Option<&'static [u8]>,
+    /// `model.safetensors`.
+    pub weights: &'static [u8],
+}
+
+/// Where a model's files are.
+#[derive(Debug, Clone)]
+pub enum ModelSource {
+    /// A directory in Hugging Face layout.
+    Directory(PathBuf),
+    /// A model compiled into the binary.
+    Embedded(&'static EmbeddedModel),
+}
+
+impl ModelSource {
+    /// Resolves a local directory, or else a hub id (`owner/name`) in the local Hugging Face hub
+    /// cache (`HF_HUB_CACHE`, else `HF_HOME/hub`, else `~/.cache/huggingface/hub`).
+    ///
+    /// hookscope never downloads: a hub model must already be in the cache.
+    pub fn resolve(spec: &str) -> Result<ModelSource> {
+        let path = Path::new(spec);
+        if path.is_dir() {
+            return Ok(ModelSource::Directory(path.to_path_buf()));
+        }
+        if path.exists() {
+            return Err(Error::ModelNotFound {
+                spec: spec.to_string(),
+                reason: "it is a file; give the model's directory".into(),
+            });
+        }
+        let looks_like_hub_id = spec.split('/').count() == 2 && !spec.starts_with(['.', '/']);
+        if !looks_like_hub_id {
+            return Err(Error::ModelNotFound {
+                spec: spec.to_string(),
+                reason: "no such directory".into(),
+            });
+        }
+        let cache_dir = hub_cache_dir();
+        let cache = hf_hub::Cache::new(cache_dir.clone());
+        match cache.model(spec.to_string()).get("config.json") {
+            Some(config) => Ok(ModelSource::Directory(
+                config.parent().unwrap_or(Path::new(".")).to_path_buf(),
+            )),
+            None => Err(Error::ModelNotFound {
+                spec: spec.to_string(),
+                reason: format!(
+                    "not a local directory, and not in the Hugging Face cache at {}; hookscope \
+                     does not download: fetch it first (`hf download {spec}`) or set HF_HUB_CACHE",
+                    cache_dir.display()
+                ),
+            }),
+        }
+    }
+
+    /// How this source is named in messages.
+    pub fn origin(&self) -> PathBuf {
+        match self {
+            ModelSource::Directory(dir) => dir.clone(),
+            ModelSource::Embedded(model) => PathBuf::from(format!("<embedded:{}>", model.name)),
+        }
+    }
+
+    /// `config.json`, parsed.
+    pub fn config(&self) -> Result<ArchConfig> {
+        let path = self.origin().join("config.json");
+        let json = match self {
+            ModelSource::Directory(_) => read_json(&path)?,
+            ModelSource::Embedded(model) => parse_json(&path, model.config_json)?,
+        };
+        Ok(ArchConfig { path, json })
+    }
+
+    /// `generation_config.json`, parsed, if the model has one.
+    pub fn generation_config(&self) -> Result<Option<Value>> {
+        let path = self.origin().join("generation_config.json");
+        match self {
+            ModelSource::Directory(_) if path.is_file() => read_json(&path).map(Some),
+            ModelSource::Directory(_) => Ok(None),
+            ModelSource::Embedded(model) => model
+                .generation_config_json
+                .map(|text| parse_json(&path, text))
+                .transpose(),
+        }
+    }
+
+    /// `tokenizer.json`, loaded, if the model has one.
+    pub fn tokenizer(&self) -> Result<Option<Tokenizer>> {
+        let path = self.origin().join("tokenizer.json");
+        match self {
+            ModelSource::Directory(_) if path.is_file() => Tokenizer::from_file(&path).map(Some),
+            ModelSource::Directory(_) => Ok(None),
+            ModelSource::Embedded(model) => model
+                .tokenizer_json
+                .map(|bytes| Tokenizer::from_bytes(&path, bytes))
+                .transpose(),
+        }
+    }
+
+    /// The weights.
+    pub fn checkpoint(&self) -> Result<Checkpoint> {
+        match self {
+            ModelSource::Directory(dir) => Checkpoint::open_dir(dir),
+            ModelSource::Embedded(model) => Checkpoint::from_static(&self.origin(), model.weights),
+        }
+    }
+}
+
+fn hub_cache_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("HF_HUB_CACHE") {
+        return PathBuf::from(dir);
+    }
+    if let Some(home) = std::env::var_os("HF_HOME") {
+        return PathBuf::from(home).join("hub");
+    }
+    let home = std::env::var_os("HOME")
+        .map(PathBuf::from)
+        .unwrap_or_default();
+    home.join(".cache").join("huggingface").join("hub")
+}
+
+/// Reads and parses a JSON file.
+pub(crate) fn read_json(path: &Path) -> Result<Value> {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse_json(path, &text)
+}
+
+fn parse_json(path: &Path, text: &str) -> Result<Value> {
+    serde_json::from_str(text).map_err(|source| Error::Json {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// A model's `config.json`, handed to the adapter that claims it.
+#[derive(Debug, Clone)]
+pub struct ArchConfig {
+    /// Where it came from (for messages).
+    pub path: PathBuf,
+    /// Its contents.
+    pub json: Value,
+}
+
+impl ArchConfig {
+    /// `model_type`, if present.
+    pub fn model_type(&self) -> Option<&str> {
+        self.json.get("model_type").and_then(Value::as_str)
+    }
+
+    /// `architectures`, if present.
+    pub fn architectures(&self) -> Vec<String> {
+        self.json
+            .get("architectures")
+            .and_then(Value::as_array)
+            .map(|names| {
+                names
+                    .iter()
+                    .filter_map(Value::as_str)
+                    .map(str::to_string)
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    /// Deserialises the config into an adapter's own config type.
+    pub fn parse<T: DeserializeOwned>(&self) -> Result<T> {
+        T::deserialize(&self.json).map_err(|source| Error::Json {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    /// An "unsupported configuration" error about this config.
+    pub fn unsupported(&self, message: impl Into<String>) -> Error {
+        Error::UnsupportedConfig {
+            path: self.path.clone(),
+            message: message.into(),
+        }
+    }
+}

@@ -1,0 +1,92 @@
+//! Softmax attention with a key/value cache, grouped-query heads and all six interior sites.
+//!
+//! Two paths give the same numbers: burn's fused `attention` when nobody observes the scores or
+//! probabilities, and an explicit one (scores, mask, softmax, weighted values) otherwise.
+
+use burn::tensor::module::attention;
+use burn::tensor::ops::AttentionModuleOptions;
+use burn::tensor::{Bool, Tensor, activation};
+
+use crate::cache::KvCache;
+use crate::error::Result;
+use crate::hooks::Hooks;
+use crate::schema::{MixerSite, Site};
+
+/// The shape and scaling of one softmax-attention layer.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SoftmaxAttention {
+    /// Query heads (`NH`).
+    pub heads: usize,
+    /// Key/value heads (`NKV`); `heads` must be a multiple of it.
+    pub kv_heads: usize,
+    /// Head dimension (`D`).
+    pub head_dim: usize,
+    /// Factor applied to `Q Kᵀ`.
+    pub scale: f64,
+}
+
+impl SoftmaxAttention {
+    /// Attends this call's `queries` `[B, NH, T, D]` (rotary already applied) over the cache
+    /// extended by `keys` and `values` `[B, NKV, T, D]`, serving the mixer sites of `layer` in
+    /// contract order, and returns the merged head outputs `[B, T, NH * D]` for the output
+    /// projection. `mask` is `[B, 1, T, S]`, true where a query must not see a key.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward(
+        &self,
+        layer: usize,
+        queries: Tensor<4>,
+        keys: Tensor<4>,
+        values: Tensor<4>,
+        mask: &Tensor<4, Bool>,
+        cache: &mut KvCache,
+        hooks: &mut Hooks<'_>,
+    ) -> Result<Tensor<3>> {
+        let site = |mixer_site| Site::self_attn(layer, mixer_site);
+        let queries = hooks.visit(site(MixerSite::AttentionQueries), queries)?;
+        let (keys, values) = cache.appended(keys, values);
+        let keys = hooks.visit(site(MixerSite::AttentionKeys), keys)?;
+        let values = hooks.visit(site(MixerSite::AttentionValues), values)?;
+        cache.store(keys.clone(), values.clone());
+
+        let [batch, heads, tokens, _] = queries.dims();
+        let positions = keys.dims()[2];
+        let keys = self.repeat_kv(keys);
+        let values = self.repeat_kv(values);
+        let mask = mask.clone().expand([batch, heads, tokens, positions]);
+
+        let explicit = hooks.observes(site(MixerSite::AttentionScores))
+            || hooks.observes(site(MixerSite::AttentionProbabilities));
+        let head_outputs = if explicit {
+            let scores = queries.matmul(keys.swap_dims(2, 3)) * self.scale;
+            let scores = scores.mask_fill(mask, f32::NEG_INFINITY);
+            let scores = hooks.visit(site(MixerSite::AttentionScores), scores)?;
+            let probabilities = activation::softmax(scores, 3);
+            let probabilities =
+                hooks.visit(site(MixerSite::AttentionProbabilities), probabilities)?;
+            probabilities.matmul(values)
+        } else {
+            let options = AttentionModuleOptions {
+                scale: Some(self.scale),
+                ..Default::default()
+            };
+            attention(queries, keys, values, Some(mask), None, options)
+        };
+        let head_outputs = hooks.visit(
+            site(MixerSite::AttentionHeadOutputs),
+            head_outputs.swap_dims(1, 2),
+        )?;
+        Ok(head_outputs.reshape([batch, tokens, heads * self.head_dim]))
+    }
+
+    /// `[B, NKV, S, D]` → `[B, NH, S, D]`, each key/value head shared by its query group.
+    fn repeat_kv(&self, x: Tensor<4>) -> Tensor<4> {
+        let group = self.heads / self.kv_heads;
+        if group == 1 {
+            return x;
+        }
+        let [batch, kv_heads, positions, dim] = x.dims();
+        x.unsqueeze_dim::<5>(2)
+            .expand([batch, kv_heads, group, positions, dim])
+            .reshape([batch, kv_heads * group, positions, dim])
+    }
+}

@@ -1,0 +1,133 @@
+//! Turning user-written names and glob patterns into the sites of one model, with helpful errors.
+
+use super::layout::ModelLayout;
+use super::site::Site;
+use crate::error::{Error, Result};
+
+impl ModelLayout {
+    /// Resolves one exact site name against this model.
+    ///
+    /// Errors say what is wrong: an unknown name suggests the closest valid one, a layer past the
+    /// end says how many layers there are, and a schema site this layer lacks lists what it has.
+    pub fn resolve(&self, name: &str) -> Result<Site> {
+        let Some(site) = Site::parse(name) else {
+            return Err(Error::UnknownSite {
+                name: name.to_string(),
+                suggestion: self.closest_site(name),
+            });
+        };
+        if let Site::Layer { layer, .. } = site {
+            let Some(spec) = self.layers.get(layer) else {
+                return Err(Error::LayerOutOfRange {
+                    name: name.to_string(),
+                    layer,
+                    layers: self.layers.len(),
+                });
+            };
+            if !self.has(site) {
+                let available: Vec<String> = spec.sites().map(|s| s.name()).collect();
+                return Err(Error::SiteNotInArchitecture {
+                    name: name.to_string(),
+                    layer,
+                    mixer: spec.mixer.describe(),
+                    available: available.join(", "),
+                });
+            }
+        }
+        Ok(site)
+    }
+
+    /// Expands a pattern (`*` matches any run of characters, `?` one) against this model's
+    /// sites, in call order. A pattern without wildcards must name one valid site.
+    pub fn expand(&self, pattern: &str) -> Result<Vec<Site>> {
+        if !pattern.contains(['*', '?']) {
+            return self.resolve(pattern).map(|site| vec![site]);
+        }
+        let matcher = wildmatch::WildMatch::new(pattern);
+        let sites: Vec<Site> = self
+            .call_order()
+            .into_iter()
+            .filter(|site| matcher.matches(&site.to_string()))
+            .collect();
+        if sites.is_empty() {
+            return Err(Error::PatternMatchesNothing(pattern.to_string()));
+        }
+        Ok(sites)
+    }
+
+    fn closest_site(&self, name: &str) -> Option<String> {
+        // Compare against this model's sites, and against the same layer where one is named, so
+        // that `layers.3.atention_keys` suggests layer 3's keys.
+        self.call_order()
+            .iter()
+            .map(ToString::to_string)
+            .map(|candidate| (strsim::levenshtein(name, &candidate), candidate))
+            .filter(|(distance, candidate)| *distance <= candidate.len().max(name.len()) / 3)
+            .min_by_key(|(distance, _)| *distance)
+            .map(|(_, candidate)| candidate)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::layout::tests::gpt2_like;
+    use super::*;
+
+    #[test]
+    fn unknown_name_suggests_the_closest_site() {
+        let err = gpt2_like(12)
+            .resolve("layers.3.self_attn.atention_keys")
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unknown site `layers.3.self_attn.atention_keys`; did you mean `layers.3.self_attn.attention_keys`?"
+        );
+        let err = gpt2_like(2).resolve("completely_wrong_thing").unwrap_err();
+        assert!(matches!(
+            err,
+            Error::UnknownSite {
+                suggestion: None,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn layer_out_of_range_says_how_many_layers() {
+        let err = gpt2_like(12).resolve("layers.99.layer_output").unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "`layers.99.layer_output`: layer 99 is out of range; this model has 12 layers (0..=11)"
+        );
+    }
+
+    #[test]
+    fn site_of_another_architecture_is_named_as_such() {
+        let err = gpt2_like(2)
+            .resolve("layers.1.self_attn.state_output")
+            .unwrap_err();
+        let message = err.to_string();
+        assert!(message.contains("softmax attention"), "{message}");
+        assert!(message.contains("self_attn.attention_keys"), "{message}");
+    }
+
+    #[test]
+    fn globs_expand_in_call_order() {
+        let layout = gpt2_like(3);
+        let sites = layout.expand("layers.*.layer_output").unwrap();
+        let names: Vec<String> = sites.iter().map(ToString::to_string).collect();
+        assert_eq!(
+            names,
+            [
+                "layers.0.layer_output",
+                "layers.1.layer_output",
+                "layers.2.layer_output"
+            ]
+        );
+        assert_eq!(layout.expand("*").unwrap(), layout.call_order());
+        assert!(matches!(
+            layout.expand("layers.*.state_output"),
+            Err(Error::PatternMatchesNothing(_))
+        ));
+    }
+}

@@ -1,0 +1,187 @@
+//! The per-step shape table, as data: each site's symbolic shape, resolved against a model and a
+//! call. One source for the CLI, the conformance checks and the docs.
+
+use std::fmt;
+
+use super::layout::{MixerKind, ModelLayout};
+use super::site::{LayerSite, MixerSite, Site};
+
+/// A symbolic dimension of SCHEMA.md.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Dim {
+    /// Batch.
+    B,
+    /// Tokens in this call.
+    T,
+    /// Positions the mixer sees: `prompt_len + step`.
+    S,
+    /// Hidden size.
+    H,
+    /// Vocabulary size.
+    V,
+    /// Attention (or Mamba-2) heads.
+    NH,
+    /// Key/value heads.
+    NKV,
+    /// Attention head dimension.
+    D,
+    /// Mamba-1 inner size.
+    E,
+    /// SSM state size.
+    N,
+    /// Mamba-2 head dimension.
+    P,
+    /// DeltaNet value heads.
+    NV,
+    /// DeltaNet key head dimension.
+    DK,
+    /// DeltaNet value head dimension.
+    DV,
+}
+
+impl fmt::Display for Dim {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// A symbolic shape such as `[B, NKV, S, D]`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SymbolicShape(pub &'static [Dim]);
+
+impl fmt::Display for SymbolicShape {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let dims: Vec<String> = self.0.iter().map(ToString::to_string).collect();
+        write!(f, "[{}]", dims.join(", "))
+    }
+}
+
+/// The sizes of one call: batch, tokens fed, positions seen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CallDims {
+    /// `B`.
+    pub batch: usize,
+    /// `T`: `prompt_len` at step 0, 1 at a decode step.
+    pub tokens: usize,
+    /// `S`: `prompt_len + step`.
+    pub positions: usize,
+}
+
+impl CallDims {
+    /// The dimensions of step `step` of a generation from a `prompt_len`-token prompt.
+    pub fn at_step(batch: usize, prompt_len: usize, step: usize) -> Self {
+        CallDims {
+            batch,
+            tokens: if step == 0 { prompt_len } else { 1 },
+            positions: prompt_len + step,
+        }
+    }
+}
+
+use Dim::*;
+
+fn mixer_shape(mixer: &MixerKind, site: MixerSite) -> &'static [Dim] {
+    use MixerSite::*;
+    match (mixer, site) {
+        (MixerKind::SoftmaxAttention { .. }, AttentionQueries) => &[B, NH, T, D],
+        (MixerKind::SoftmaxAttention { .. }, AttentionKeys | AttentionValues) => &[B, NKV, S, D],
+        (MixerKind::SoftmaxAttention { .. }, AttentionScores | AttentionProbabilities) => {
+            &[B, NH, T, S]
+        }
+        (MixerKind::SoftmaxAttention { .. }, AttentionHeadOutputs) => &[B, T, NH, D],
+        (MixerKind::Mamba1 { .. }, StateInput | StateOutput) => &[B, E, N],
+        (MixerKind::Mamba1 { .. }, AttentionHeadOutputs) => &[B, T, E],
+        (MixerKind::Mamba2 { .. }, StateInput | StateOutput) => &[B, NH, P, N],
+        (MixerKind::Mamba2 { .. }, AttentionHeadOutputs) => &[B, T, NH, P],
+        (MixerKind::GatedDeltaNet { .. }, AttentionQueries | AttentionKeys) => &[B, NV, T, DK],
+        (MixerKind::GatedDeltaNet { .. }, AttentionValues) => &[B, NV, T, DV],
+        (MixerKind::GatedDeltaNet { .. }, StateInput | StateOutput) => &[B, NV, DK, DV],
+        (MixerKind::GatedDeltaNet { .. }, AttentionHeadOutputs) => &[B, T, NV, DV],
+        // Sites a mixer does not have never reach here: layouts are checked before lookup.
+        _ => &[],
+    }
+}
+
+impl ModelLayout {
+    /// The symbolic shape of a site this model serves.
+    pub fn symbolic_shape(&self, site: Site) -> SymbolicShape {
+        SymbolicShape(match site {
+            Site::InputIds => &[B, T],
+            Site::TokenEmbeddings => &[B, T, H],
+            Site::Logits => &[B, T, V],
+            Site::NextTokenProbs => &[B, V],
+            Site::Layer { layer, site } => match site {
+                LayerSite::Mixer(_, interior) => match self.layers.get(layer) {
+                    Some(spec) => mixer_shape(&spec.mixer, interior),
+                    None => &[],
+                },
+                _ => &[B, T, H],
+            },
+        })
+    }
+
+    /// The concrete shape of a site in a call of the given dimensions.
+    pub fn shape(&self, site: Site, call: CallDims) -> Vec<usize> {
+        let mixer = match site {
+            Site::Layer { layer, .. } => self.layers.get(layer).map(|l| l.mixer),
+            _ => None,
+        };
+        self.symbolic_shape(site)
+            .0
+            .iter()
+            .map(|dim| self.resolve_dim(*dim, mixer.as_ref(), call))
+            .collect()
+    }
+
+    fn resolve_dim(&self, dim: Dim, mixer: Option<&MixerKind>, call: CallDims) -> usize {
+        match (dim, mixer) {
+            (B, _) => call.batch,
+            (T, _) => call.tokens,
+            (S, _) => call.positions,
+            (H, _) => self.hidden,
+            (V, _) => self.vocab,
+            (NH, Some(MixerKind::SoftmaxAttention { heads, .. })) => *heads,
+            (NH, Some(MixerKind::Mamba2 { heads, .. })) => *heads,
+            (NKV, Some(MixerKind::SoftmaxAttention { kv_heads, .. })) => *kv_heads,
+            (D, Some(MixerKind::SoftmaxAttention { head_dim, .. })) => *head_dim,
+            (E, Some(MixerKind::Mamba1 { inner, .. })) => *inner,
+            (N, Some(MixerKind::Mamba1 { state, .. } | MixerKind::Mamba2 { state, .. })) => *state,
+            (P, Some(MixerKind::Mamba2 { head_dim, .. })) => *head_dim,
+            (NV, Some(MixerKind::GatedDeltaNet { value_heads, .. })) => *value_heads,
+            (DK, Some(MixerKind::GatedDeltaNet { key_head_dim, .. })) => *key_head_dim,
+            (DV, Some(MixerKind::GatedDeltaNet { value_head_dim, .. })) => *value_head_dim,
+            // A symbol the mixer lacks cannot occur: `mixer_shape` only names the mixer's own.
+            _ => 0,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::layout::tests::gpt2_like;
+    use super::*;
+
+    #[test]
+    fn attention_keys_grow_with_the_cache_and_queries_do_not() {
+        let layout = gpt2_like(2);
+        let keys = Site::self_attn(1, MixerSite::AttentionKeys);
+        let queries = Site::self_attn(1, MixerSite::AttentionQueries);
+        assert_eq!(layout.symbolic_shape(keys).to_string(), "[B, NKV, S, D]");
+        assert_eq!(
+            layout.shape(keys, CallDims::at_step(1, 10, 0)),
+            [1, 2, 10, 4]
+        );
+        assert_eq!(
+            layout.shape(keys, CallDims::at_step(1, 10, 2)),
+            [1, 2, 12, 4]
+        );
+        assert_eq!(
+            layout.shape(queries, CallDims::at_step(3, 10, 2)),
+            [3, 2, 1, 4]
+        );
+        assert_eq!(
+            layout.shape(Site::NextTokenProbs, CallDims::at_step(3, 10, 2)),
+            [3, 11]
+        );
+    }
+}

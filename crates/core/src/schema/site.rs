@@ -1,0 +1,244 @@
+//! Typed site names and their canonical strings (`layers.6.self_attn.attention_keys`).
+
+use std::fmt;
+
+/// The interior value of a sequence mixer (`layers.{i}.self_attn.*` or `layers.{i}.linear_attn.*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MixerSite {
+    /// Queries as the mixer consumes them.
+    AttentionQueries,
+    /// Keys (the whole cache for softmax attention, this call's keys for DeltaNet).
+    AttentionKeys,
+    /// Values (the whole cache for softmax attention, this call's values for DeltaNet).
+    AttentionValues,
+    /// Scaled, masked scores before the softmax.
+    AttentionScores,
+    /// Softmax of the scores.
+    AttentionProbabilities,
+    /// Recurrent state before this call.
+    StateInput,
+    /// Recurrent state after this call.
+    StateOutput,
+    /// Per-head mixer output before any gate and the output projection.
+    AttentionHeadOutputs,
+}
+
+impl MixerSite {
+    /// Every mixer site, in a fixed order (not the call order of any one mixer).
+    pub const ALL: [MixerSite; 8] = [
+        MixerSite::AttentionQueries,
+        MixerSite::AttentionKeys,
+        MixerSite::AttentionValues,
+        MixerSite::AttentionScores,
+        MixerSite::AttentionProbabilities,
+        MixerSite::StateInput,
+        MixerSite::StateOutput,
+        MixerSite::AttentionHeadOutputs,
+    ];
+
+    /// The canonical name of this site, without its layer prefix.
+    pub fn name(self) -> &'static str {
+        match self {
+            MixerSite::AttentionQueries => "attention_queries",
+            MixerSite::AttentionKeys => "attention_keys",
+            MixerSite::AttentionValues => "attention_values",
+            MixerSite::AttentionScores => "attention_scores",
+            MixerSite::AttentionProbabilities => "attention_probabilities",
+            MixerSite::StateInput => "state_input",
+            MixerSite::StateOutput => "state_output",
+            MixerSite::AttentionHeadOutputs => "attention_head_outputs",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|site| site.name() == name)
+    }
+}
+
+/// The name space a layer's mixer sites live under.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MixerNamespace {
+    /// `self_attn` (softmax attention, Mamba-1, Mamba-2; `mixer` is accepted as an alias).
+    SelfAttn,
+    /// `linear_attn` (Gated DeltaNet layers of a hybrid).
+    LinearAttn,
+}
+
+impl MixerNamespace {
+    /// The canonical path segment.
+    pub fn name(self) -> &'static str {
+        match self {
+            MixerNamespace::SelfAttn => "self_attn",
+            MixerNamespace::LinearAttn => "linear_attn",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Self> {
+        match name {
+            "self_attn" | "mixer" => Some(MixerNamespace::SelfAttn),
+            "linear_attn" => Some(MixerNamespace::LinearAttn),
+            _ => None,
+        }
+    }
+}
+
+/// A site of one layer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum LayerSite {
+    /// Residual stream entering the block.
+    LayerInput,
+    /// An interior value of the block's sequence mixer.
+    Mixer(MixerNamespace, MixerSite),
+    /// Output of the sequence mixer, before the residual add.
+    AttentionOutput,
+    /// Output of the MLP.
+    MlpOutput,
+    /// Residual stream leaving the block.
+    LayerOutput,
+}
+
+impl LayerSite {
+    /// The canonical name of this site, without the `layers.{i}.` prefix.
+    pub fn name(self) -> String {
+        match self {
+            LayerSite::LayerInput => "layer_input".into(),
+            LayerSite::Mixer(namespace, site) => format!("{}.{}", namespace.name(), site.name()),
+            LayerSite::AttentionOutput => "attention_output".into(),
+            LayerSite::MlpOutput => "mlp_output".into(),
+            LayerSite::LayerOutput => "layer_output".into(),
+        }
+    }
+
+    fn parse(name: &str) -> Option<Self> {
+        match name {
+            "layer_input" => return Some(LayerSite::LayerInput),
+            "attention_output" => return Some(LayerSite::AttentionOutput),
+            "mlp_output" => return Some(LayerSite::MlpOutput),
+            "layer_output" => return Some(LayerSite::LayerOutput),
+            _ => {}
+        }
+        let (namespace, site) = name.split_once('.')?;
+        Some(LayerSite::Mixer(
+            MixerNamespace::from_name(namespace)?,
+            MixerSite::from_name(site)?,
+        ))
+    }
+}
+
+/// One named place in the forward pass where a value can be read or written.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Site {
+    /// `input_ids`: the tokens fed to this call.
+    InputIds,
+    /// `token_embeddings`: the token embedding table's output.
+    TokenEmbeddings,
+    /// `layers.{layer}.{site}`.
+    Layer {
+        /// Zero-based block index.
+        layer: usize,
+        /// The site within the block.
+        site: LayerSite,
+    },
+    /// `logits`: the language-model head output.
+    Logits,
+    /// `next_token_probs`: softmax of the last position's logits.
+    NextTokenProbs,
+}
+
+impl Site {
+    /// Shorthand for a layer site.
+    pub fn layer(layer: usize, site: LayerSite) -> Self {
+        Site::Layer { layer, site }
+    }
+
+    /// Shorthand for a mixer site under `self_attn`.
+    pub fn self_attn(layer: usize, site: MixerSite) -> Self {
+        Site::layer(layer, LayerSite::Mixer(MixerNamespace::SelfAttn, site))
+    }
+
+    /// Parses a canonical site name. Only the syntax is checked here; whether a model has the
+    /// site is [`crate::schema::ModelLayout::resolve`]'s job.
+    pub fn parse(name: &str) -> Option<Self> {
+        match name {
+            "input_ids" => return Some(Site::InputIds),
+            "token_embeddings" => return Some(Site::TokenEmbeddings),
+            "logits" => return Some(Site::Logits),
+            "next_token_probs" => return Some(Site::NextTokenProbs),
+            _ => {}
+        }
+        let rest = name.strip_prefix("layers.")?;
+        let (index, site) = rest.split_once('.')?;
+        if index.is_empty() || !index.bytes().all(|b| b.is_ascii_digit()) {
+            return None;
+        }
+        Some(Site::Layer {
+            layer: index.parse().ok()?,
+            site: LayerSite::parse(site)?,
+        })
+    }
+}
+
+impl fmt::Display for Site {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Site::InputIds => f.write_str("input_ids"),
+            Site::TokenEmbeddings => f.write_str("token_embeddings"),
+            Site::Layer { layer, site } => write!(f, "layers.{layer}.{}", site.name()),
+            Site::Logits => f.write_str("logits"),
+            Site::NextTokenProbs => f.write_str("next_token_probs"),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn canonical_names_round_trip() {
+        let sites = [
+            Site::InputIds,
+            Site::TokenEmbeddings,
+            Site::layer(6, LayerSite::LayerOutput),
+            Site::self_attn(6, MixerSite::AttentionKeys),
+            Site::layer(
+                2,
+                LayerSite::Mixer(MixerNamespace::LinearAttn, MixerSite::StateInput),
+            ),
+            Site::Logits,
+            Site::NextTokenProbs,
+        ];
+        for site in sites {
+            assert_eq!(Site::parse(&site.to_string()), Some(site));
+        }
+        assert_eq!(
+            Site::self_attn(6, MixerSite::AttentionKeys).to_string(),
+            "layers.6.self_attn.attention_keys"
+        );
+    }
+
+    #[test]
+    fn mixer_alias_parses_to_self_attn() {
+        assert_eq!(
+            Site::parse("layers.0.mixer.state_output"),
+            Some(Site::self_attn(0, MixerSite::StateOutput))
+        );
+    }
+
+    #[test]
+    fn malformed_names_do_not_parse() {
+        for name in [
+            "",
+            "layers",
+            "layers.x.layer_output",
+            "layers.+1.layer_output",
+            "layers..layer_output",
+            "layers.0.self_attn",
+            "layers.0.self_attn.bogus",
+            "layers.0.layer_outputs",
+            "logit",
+        ] {
+            assert_eq!(Site::parse(name), None, "{name}");
+        }
+    }
+}

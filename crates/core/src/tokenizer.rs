@@ -1,0 +1,54 @@
+//! Tokenization through the `tokenizers` crate (`tokenizer.json`).
+
+use std::path::Path;
+
+use crate::error::{Error, Result};
+
+/// A model's tokenizer.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer")
+            .field("vocab_size", &self.inner.get_vocab_size(true))
+            .finish()
+    }
+}
+
+impl Tokenizer {
+    /// Loads `tokenizer.json` from disk.
+    pub fn from_file(path: &Path) -> Result<Tokenizer> {
+        let bytes = std::fs::read(path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Tokenizer::from_bytes(path, &bytes)
+    }
+
+    /// Loads a `tokenizer.json` held in memory; `path` names it in errors.
+    pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Tokenizer> {
+        let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| Error::Tokenizer {
+            path: path.to_path_buf(),
+            message: e.to_string(),
+        })?;
+        Ok(Tokenizer { inner })
+    }
+
+    /// Token ids of `text`, without special tokens added.
+    pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
+        let encoding = self
+            .inner
+            .encode(text, false)
+            .map_err(|e| Error::Tokenize(e.to_string()))?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// The text of `ids`.
+    pub fn decode(&self, ids: &[u32]) -> Result<String> {
+        self.inner
+            .decode(ids, false)
+            .map_err(|e| Error::Tokenize(e.to_string()))
+    }
+}
