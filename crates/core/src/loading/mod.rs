@@ -43,6 +43,11 @@ impl ModelSource {
     ///
     /// hookscope never downloads: a hub model must already be in the cache.
     pub fn resolve(spec: &str) -> Result<ModelSource> {
+        ModelSource::resolve_in(spec, &hub_cache_dir())
+    }
+
+    /// [`ModelSource::resolve`] with an explicit hub cache directory.
+    pub fn resolve_in(spec: &str, cache_dir: &Path) -> Result<ModelSource> {
         let path = Path::new(spec);
         if path.is_dir() {
             return Ok(ModelSource::Directory(path.to_path_buf()));
@@ -60,8 +65,7 @@ impl ModelSource {
                 reason: "no such directory".into(),
             });
         }
-        let cache_dir = hub_cache_dir();
-        let cache = hf_hub::Cache::new(cache_dir.clone());
+        let cache = hf_hub::Cache::new(cache_dir.to_path_buf());
         match cache.model(spec.to_string()).get("config.json") {
             Some(config) => Ok(ModelSource::Directory(
                 config.parent().unwrap_or(Path::new(".")).to_path_buf(),

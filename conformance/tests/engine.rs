@@ -1,0 +1,260 @@
+//! The hook engine on a real model: reads, writes that flow on, order, errors, batching.
+
+mod common;
+
+use common::{floats, load_fixture, max_diff, values};
+use hookscope_core::burn::tensor::{Int, Tensor};
+use hookscope_core::{Error, Interventions, LayerSite, MixerSite, Site, SiteValue, Steps};
+
+fn layer(layer: usize, site: LayerSite) -> Site {
+    Site::layer(layer, site)
+}
+
+fn save_all(model: &hookscope_core::Model) -> Interventions {
+    model
+        .layout()
+        .call_order()
+        .into_iter()
+        .fold(Interventions::new(), |acc, site| {
+            acc.save(site, Steps::At(0))
+        })
+}
+
+#[test]
+fn served_order_is_the_declared_contract_order() {
+    let model = load_fixture("gpt2-tied");
+    let batch = model.batch(vec![vec![3, 1, 4, 1, 5]]).unwrap();
+    let trace = model
+        .trace_recording_order(&batch, &Interventions::new())
+        .unwrap();
+    assert_eq!(trace.order, model.layout().call_order());
+}
+
+#[test]
+fn saving_every_site_does_not_change_the_output() {
+    let model = load_fixture("gpt2-tied");
+    let batch = model.batch(vec![vec![3, 1, 4, 1, 5]]).unwrap();
+    let plain = model.trace(&batch, &Interventions::new()).unwrap();
+    let hooked = model.trace(&batch, &save_all(&model)).unwrap();
+    let a = floats(plain.logits.to_data());
+    let b = floats(hooked.logits.to_data());
+    assert!(max_diff(&a, &b) < 1e-5);
+    assert_eq!(hooked.saved.len(), model.layout().call_order().len());
+}
+
+#[test]
+fn a_zeroed_residual_flows_into_later_layers_only() {
+    let model = load_fixture("gpt2-tied");
+    let batch = model.batch(vec![vec![3, 1, 4, 1, 5]]).unwrap();
+    let reads = Interventions::new()
+        .save(layer(0, LayerSite::MlpOutput), Steps::At(0))
+        .save(layer(1, LayerSite::LayerInput), Steps::At(0))
+        .save(Site::Logits, Steps::At(0));
+    let plain = model.trace(&batch, &reads).unwrap();
+    let edited = model
+        .trace(
+            &batch,
+            &reads
+                .clone()
+                .zero(layer(0, LayerSite::LayerOutput), Steps::At(0)),
+        )
+        .unwrap();
+    let get = |trace: &hookscope_core::Trace, site| values(trace.saved.get(site, 0).unwrap());
+    // Before the write: untouched.
+    assert_eq!(
+        get(&plain, layer(0, LayerSite::MlpOutput)),
+        get(&edited, layer(0, LayerSite::MlpOutput))
+    );
+    // The write is what the next layer receives.
+    assert!(
+        get(&edited, layer(1, LayerSite::LayerInput))
+            .iter()
+            .all(|x| *x == 0.0)
+    );
+    // And it reaches the output.
+    assert!(max_diff(&get(&plain, Site::Logits), &get(&edited, Site::Logits)) > 1e-3);
+}
+
+#[test]
+fn an_edit_sees_the_value_and_its_result_flows_on() {
+    let model = load_fixture("gpt2-tied");
+    let batch = model.batch(vec![vec![7, 8, 9]]).unwrap();
+    let probs = Site::self_attn(1, MixerSite::AttentionProbabilities);
+    let plain = model
+        .trace(&batch, &Interventions::new().save(probs, Steps::At(0)))
+        .unwrap();
+    let doubled = Interventions::new()
+        .edit(
+            layer(0, LayerSite::AttentionOutput),
+            Steps::At(0),
+            |value| match value {
+                SiteValue::Float3(t) => Ok(SiteValue::Float3(t * 2.0)),
+                other => Err(format!("unexpected {}", other.describe())),
+            },
+        )
+        .save(layer(0, LayerSite::AttentionOutput), Steps::At(0))
+        .save(probs, Steps::At(0));
+    let reference = model
+        .trace(
+            &batch,
+            &Interventions::new().save(layer(0, LayerSite::AttentionOutput), Steps::At(0)),
+        )
+        .unwrap();
+    let edited = model.trace(&batch, &doubled).unwrap();
+    let before = values(
+        reference
+            .saved
+            .get(layer(0, LayerSite::AttentionOutput), 0)
+            .unwrap(),
+    );
+    let after = values(
+        edited
+            .saved
+            .get(layer(0, LayerSite::AttentionOutput), 0)
+            .unwrap(),
+    );
+    let twice: Vec<f32> = before.iter().map(|x| x * 2.0).collect();
+    assert!(max_diff(&after, &twice) < 1e-6);
+    let p0 = values(plain.saved.get(probs, 0).unwrap());
+    let p1 = values(edited.saved.get(probs, 0).unwrap());
+    assert!(
+        max_diff(&p0, &p1) > 1e-4,
+        "the edit must reach layer 1's attention"
+    );
+}
+
+#[test]
+fn writing_attention_probabilities_changes_the_head_outputs() {
+    let model = load_fixture("gpt2-tied");
+    let batch = model.batch(vec![vec![7, 8, 9, 10]]).unwrap();
+    let heads = Site::self_attn(0, MixerSite::AttentionHeadOutputs);
+    let probs = Site::self_attn(0, MixerSite::AttentionProbabilities);
+    let plain = model
+        .trace(&batch, &Interventions::new().save(heads, Steps::At(0)))
+        .unwrap();
+    let zeroed = model
+        .trace(
+            &batch,
+            &Interventions::new()
+                .zero(probs, Steps::At(0))
+                .save(heads, Steps::At(0)),
+        )
+        .unwrap();
+    assert!(
+        values(zeroed.saved.get(heads, 0).unwrap())
+            .iter()
+            .all(|x| *x == 0.0)
+    );
+    assert!(
+        values(plain.saved.get(heads, 0).unwrap())
+            .iter()
+            .any(|x| *x != 0.0)
+    );
+}
+
+#[test]
+fn writes_of_the_wrong_shape_or_kind_are_refused() {
+    let model = load_fixture("gpt2-tied");
+    let batch = model.batch(vec![vec![7, 8, 9]]).unwrap();
+    let device = model.device().clone();
+    let site = layer(0, LayerSite::LayerOutput);
+    let wrong_shape = SiteValue::Float3(Tensor::zeros([1, 2, 24], &device));
+    let error = model
+        .trace(
+            &batch,
+            &Interventions::new().set(site, Steps::At(0), wrong_shape),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(&error, Error::WriteShapeMismatch { expected, got, .. } if expected == &[1, 3, 24] && got == &[1, 2, 24]),
+        "{error}"
+    );
+    let ids: Tensor<2, Int> = Tensor::zeros([1, 3], &device);
+    let error = model
+        .trace(
+            &batch,
+            &Interventions::new().set(site, Steps::At(0), SiteValue::Ids(ids)),
+        )
+        .unwrap_err();
+    assert!(matches!(error, Error::WriteKindMismatch { .. }), "{error}");
+    let right = SiteValue::Float3(Tensor::ones([1, 3, 24], &device));
+    assert!(
+        model
+            .trace(&batch, &Interventions::new().set(site, Steps::At(0), right))
+            .is_ok()
+    );
+}
+
+#[test]
+fn requests_for_sites_the_model_lacks_fail_before_running() {
+    let model = load_fixture("gpt2-tied");
+    let batch = model.batch(vec![vec![1, 2]]).unwrap();
+    let error = model
+        .trace(
+            &batch,
+            &Interventions::new().save(layer(7, LayerSite::LayerOutput), Steps::At(0)),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(error, Error::LayerOutOfRange { layers: 3, .. }),
+        "{error}"
+    );
+    let error = model
+        .trace(
+            &batch,
+            &Interventions::new().save(Site::self_attn(0, MixerSite::StateInput), Steps::At(0)),
+        )
+        .unwrap_err();
+    assert!(
+        matches!(error, Error::SiteNotInArchitecture { .. }),
+        "{error}"
+    );
+}
+
+#[test]
+fn bad_inputs_are_refused() {
+    let model = load_fixture("gpt2-tied");
+    assert!(matches!(
+        model.batch(vec![vec![96]]),
+        Err(Error::InvalidInput(_))
+    ));
+    assert!(matches!(model.batch(vec![]), Err(Error::InvalidInput(_))));
+    let too_long = model.batch(vec![vec![1; 33]]).unwrap();
+    assert!(matches!(
+        model.trace(&too_long, &Interventions::new()),
+        Err(Error::InvalidInput(_))
+    ));
+}
+
+#[test]
+fn a_padded_batch_equals_its_prompts_run_alone() {
+    let model = load_fixture("gpt2-tied");
+    let prompts = vec![vec![5, 9, 2, 7, 7, 1], vec![3, 8]];
+    let batch = model.batch(prompts.clone()).unwrap();
+    assert!(batch.is_padded());
+    let all = save_all(&model);
+    let together = model.trace(&batch, &all).unwrap();
+    for (row, prompt) in prompts.iter().enumerate() {
+        let alone = model
+            .trace(&model.batch(vec![prompt.clone()]).unwrap(), &all)
+            .unwrap();
+        let pad = batch.len() - prompt.len();
+        for site in [
+            layer(2, LayerSite::LayerOutput),
+            Site::self_attn(1, MixerSite::AttentionHeadOutputs),
+            Site::Logits,
+        ] {
+            let a = values(together.saved.get(site, 0).unwrap());
+            let b = values(alone.saved.get(site, 0).unwrap());
+            // Rows are [T, ...] blocks of the batch; compare the real positions.
+            let per_position = b.len() / prompt.len();
+            let row_len = batch.len() * per_position;
+            let real = &a[row * row_len + pad * per_position..(row + 1) * row_len];
+            assert!(max_diff(real, &b) < 1e-5, "{site} row {row}");
+        }
+        let next_a = values(together.saved.get(Site::NextTokenProbs, 0).unwrap());
+        let next_b = values(alone.saved.get(Site::NextTokenProbs, 0).unwrap());
+        let vocab = next_b.len();
+        assert!(max_diff(&next_a[row * vocab..(row + 1) * vocab], &next_b) < 1e-6);
+    }
+}

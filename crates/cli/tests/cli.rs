@@ -1,0 +1,130 @@
+//! The `hookscope` binary end to end.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use safetensors::SafeTensors;
+
+fn hookscope(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hookscope"))
+        .args(args)
+        .output()
+        .expect("the hookscope binary runs")
+}
+
+fn stdout(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stdout).into_owned()
+}
+
+fn stderr(output: &Output) -> String {
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn fixture(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../conformance/fixtures")
+        .join(name)
+}
+
+#[test]
+fn archs_lists_every_builtin_architecture() {
+    let output = hookscope(&["archs"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    assert!(stdout(&output).contains("gpt2"), "{}", stdout(&output));
+}
+
+#[test]
+fn run_on_a_local_directory_saves_the_requested_sites() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("trace.safetensors");
+    let model = fixture("gpt2-tiny");
+    let output = hookscope(&[
+        "run",
+        model.to_str().unwrap(),
+        "--prompt",
+        "The Eiffel Tower is in the city of",
+        "--save",
+        "layers.*.layer_output",
+        "--save",
+        "layers.1.self_attn.attention_probabilities",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let bytes = std::fs::read(&out).unwrap();
+    let file = SafeTensors::deserialize(&bytes).unwrap();
+    let mut names = file.names();
+    names.sort_unstable();
+    assert_eq!(
+        names,
+        [
+            "layers.0.layer_output@0",
+            "layers.1.layer_output@0",
+            "layers.1.self_attn.attention_probabilities@0",
+            "output_ids",
+        ]
+    );
+    assert_eq!(
+        file.tensor("layers.1.layer_output@0").unwrap().shape(),
+        [1, 10, 32]
+    );
+    assert_eq!(
+        file.tensor("layers.1.self_attn.attention_probabilities@0")
+            .unwrap()
+            .shape(),
+        [1, 4, 10, 10]
+    );
+    let ids: Vec<i64> = file
+        .tensor("output_ids")
+        .unwrap()
+        .data()
+        .chunks_exact(8)
+        .map(|b| i64::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    assert_eq!(ids, [464, 412, 733, 417, 8765, 318, 287, 262, 1748, 286]);
+}
+
+#[test]
+fn run_without_a_model_uses_the_embedded_default() {
+    let output = hookscope(&["run", "--prompt", "Hello world", "--json"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    let prompt = &report["prompts"][0];
+    assert_eq!(prompt["input_ids"], serde_json::json!([15496, 995]));
+    assert_eq!(prompt["top_next_tokens"].as_array().unwrap().len(), 5);
+}
+
+#[test]
+fn bad_site_names_fail_with_a_suggestion() {
+    let output = hookscope(&["run", "--prompt", "x", "--save", "layers.0.layer_outptu"]);
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("did you mean `layers.0.layer_output`"),
+        "{}",
+        stderr(&output)
+    );
+    let output = hookscope(&["run", "--prompt", "x", "--save", "layers.0.layer_output@3"]);
+    assert!(!output.status.success());
+    assert!(
+        stderr(&output).contains("only step 0"),
+        "{}",
+        stderr(&output)
+    );
+}
+
+#[test]
+fn sites_prints_the_shape_table() {
+    let output = hookscope(&["sites", "--prompt-len", "7", "--step", "2"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let text = stdout(&output);
+    let keys = text
+        .lines()
+        .find(|line| line.starts_with("layers.1.self_attn.attention_keys "))
+        .unwrap();
+    assert!(
+        keys.contains("[B, NKV, S, D]")
+            && keys.contains("[1, 4, 7, 8]")
+            && keys.contains("[1, 4, 9, 8]"),
+        "{keys}"
+    );
+}
