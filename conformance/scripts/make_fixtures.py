@@ -134,11 +134,27 @@ def build_gpt2(seed, **config):
     return model
 
 
-def record_generation(model, prompt_ids, eos_token_id):
-    """Greedy cached generation: one recorded forward call per step."""
+def record_generation(model, prompt_ids, eos_token_id, zero=None):
+    """Greedy cached generation: one recorded forward call per step. `zero` = (layer, step)
+    zeroes that block's output (`layers.{layer}.layer_output`) at that step, as a forward hook."""
     RECORDER.step = -1
     RECORDER.values = {}
     ids = torch.tensor([prompt_ids])
+    handle = None
+    if zero is not None:
+        layer, step = zero
+
+        def zero_output(_module, _args, output):
+            if RECORDER.step != step:
+                return None
+            if isinstance(output, tuple):
+                return (torch.zeros_like(output[0]),) + tuple(output[1:])
+            return torch.zeros_like(output)
+
+        # Registered before the recording hook of the same block, so the recorded value is the
+        # zeroed one, as hookscope saves a site after its writes.
+        blocks = model.transformer.h
+        handle = blocks[layer].register_forward_hook(zero_output, prepend=True)
     with torch.no_grad():
         out = model.generate(
             ids,
@@ -149,27 +165,38 @@ def record_generation(model, prompt_ids, eos_token_id):
             eos_token_id=eos_token_id,
             pad_token_id=eos_token_id,
         )
+    if handle is not None:
+        handle.remove()
     steps = RECORDER.step + 1
     assert steps == NEW_TOKENS, f"expected {NEW_TOKENS} calls, got {steps}"
     return out[0], RECORDER.values
 
 
-def write_case(directory, model, prompts, eos_token_id, *, keep=lambda key: True, dtype=None, bare_keys=False):
-    """Save the checkpoint in transformers' layout and its reference values."""
+def write_case(
+    directory, model, prompts, eos_token_id, *, zero=(1, 1), keep=lambda key: True, dtype=None, bare_keys=False
+):
+    """Save the checkpoint in transformers' layout and its reference values: every prompt's
+    greedy generation, and prompt 0's generation with `layers.{zero[0]}.layer_output` zeroed at
+    step `zero[1]` (keys under `zero0/`)."""
     directory.mkdir(parents=True, exist_ok=True)
     reference = {}
-    for k, prompt_ids in enumerate(prompts):
-        output_ids, values = record_generation(model, prompt_ids, eos_token_id)
-        reference[f"prompt{k}/output_ids"] = output_ids.to(torch.int64)
+    runs = [(f"prompt{k}", prompt_ids, None) for k, prompt_ids in enumerate(prompts)]
+    runs.append(("zero0", prompts[0], zero))
+    for prefix, prompt_ids, intervention in runs:
+        output_ids, values = record_generation(model, prompt_ids, eos_token_id, intervention)
+        reference[f"{prefix}/output_ids"] = output_ids.to(torch.int64)
         for key, tensor in values.items():
             if key.startswith("input_ids@"):
                 tensor = tensor.to(torch.int64)
             if keep(key):
-                reference[f"prompt{k}/{key}"] = tensor
+                reference[f"{prefix}/{key}"] = tensor
     save_file(reference, directory / "reference.safetensors")
-    (directory / "reference.json").write_text(
-        json.dumps({"prompts": prompts, "new_tokens": NEW_TOKENS}, indent=1) + "\n"
-    )
+    meta = {
+        "prompts": prompts,
+        "new_tokens": NEW_TOKENS,
+        "zero": {"prompt": 0, "site": f"layers.{zero[0]}.layer_output", "step": zero[1]},
+    }
+    (directory / "reference.json").write_text(json.dumps(meta, indent=1) + "\n")
 
     model.config._attn_implementation = "eager"
     if dtype is not None:
@@ -220,7 +247,7 @@ def make_default_model(bpe_dir):
     big = ("logits@", "next_token_probs@")
     keep = lambda key: not key.startswith(big) or key.endswith("@0") and key.startswith("next_token_probs")
     directory = FIXTURES / "gpt2-tiny"
-    write_case(directory, model, prompts, eos, keep=keep, dtype=torch.float16)
+    write_case(directory, model, prompts, eos, zero=(0, 1), keep=keep, dtype=torch.float16)
     tok.save(str(directory / "tokenizer.json"), pretty=False)
 
 

@@ -1,8 +1,13 @@
-//! Numerical parity with `transformers` at the prompt call: every site of the schema.
+//! Numerical parity with `transformers`: every site at the prompt call and at every step of a
+//! greedy cached generation, the generated tokens, and an intervention's effect.
 
 use std::path::Path;
 
-use hookscope_core::{Interventions, MixerSite, Model, ModelSource, Site, Steps};
+use hookscope_core::hooks::Action;
+use hookscope_core::hooks::Write;
+use hookscope_core::{
+    Decoding, Interventions, LayerSite, MixerSite, Model, ModelSource, Saved, Site, Steps,
+};
 
 use crate::reference::{RefTensor, Reference, ReferenceError};
 
@@ -28,7 +33,7 @@ pub fn without_attention_pattern(site: &Site) -> bool {
     !matches!(
         site,
         Site::Layer {
-            site: hookscope_core::LayerSite::Mixer(
+            site: LayerSite::Mixer(
                 _,
                 MixerSite::AttentionScores | MixerSite::AttentionProbabilities
             ),
@@ -42,10 +47,97 @@ pub fn without_attention_pattern(site: &Site) -> bool {
 pub struct ParityReport {
     /// Reference keys compared and within tolerance.
     pub matched: Vec<String>,
-    /// Sites of the model with no reference value (e.g. vocabulary-sized ones left out).
+    /// Keys of served values with no reference value (e.g. vocabulary-sized ones left out).
     pub unreferenced: Vec<String>,
     /// One line per mismatch: key, shapes or largest difference and where.
     pub mismatches: Vec<String>,
+}
+
+impl ParityReport {
+    fn compare(
+        &mut self,
+        key: String,
+        got: Option<RefTensor>,
+        expected: Option<RefTensor>,
+        tolerance: f64,
+    ) {
+        let (got, expected) = match (got, expected) {
+            (_, None) => return self.unreferenced.push(key),
+            (None, Some(_)) => return self.mismatches.push(format!("{key}: not served")),
+            (Some(got), Some(expected)) => (got, expected),
+        };
+        match got.max_abs_diff(&expected) {
+            None => self.mismatches.push(format!(
+                "{key}: shape {:?}, transformers has {:?}",
+                got.shape, expected.shape
+            )),
+            Some((diff, index)) if diff > tolerance => self.mismatches.push(format!(
+                "{key}: max |diff| {diff:.3e} at flat index {index} (hookscope {}, transformers {})",
+                got.values[index], expected.values[index]
+            )),
+            Some(_) => self.matched.push(key),
+        }
+    }
+
+    /// Compares every selected site at `steps` steps of `saved` with `{prefix}/{site}@{step}`.
+    fn compare_saved(
+        &mut self,
+        reference: &Reference,
+        prefix: &str,
+        saved: &Saved,
+        sites: &[Site],
+        steps: usize,
+        tolerance: f64,
+    ) -> Result<(), ParityError> {
+        for step in 0..steps {
+            for site in sites {
+                let key = format!("{prefix}/{site}@{step}");
+                let got = match saved
+                    .get(*site, step)
+                    .map(|v| RefTensor::from_data(&v.to_data()))
+                {
+                    Some(Err(message)) => {
+                        self.mismatches
+                            .push(format!("{key}: unreadable value: {message}"));
+                        continue;
+                    }
+                    other => other.and_then(Result::ok),
+                };
+                self.compare(key.clone(), got, reference.get(&key)?, tolerance);
+            }
+        }
+        Ok(())
+    }
+
+    fn compare_ids(
+        &mut self,
+        reference: &Reference,
+        prefix: &str,
+        ids: &[u32],
+    ) -> Result<(), ParityError> {
+        let key = format!("{prefix}/output_ids");
+        let got = RefTensor {
+            shape: vec![ids.len()],
+            values: ids.iter().map(|id| f64::from(*id)).collect(),
+        };
+        self.compare(key.clone(), Some(got), reference.get(&key)?, 0.0);
+        Ok(())
+    }
+}
+
+fn load(dir: &Path) -> Result<(Reference, Model), ParityError> {
+    let reference = Reference::open(dir)?;
+    let model = Model::load(
+        &ModelSource::Directory(dir.to_path_buf()),
+        &Default::default(),
+    )?;
+    Ok((reference, model))
+}
+
+fn save(sites: &[Site], steps: Steps) -> Interventions {
+    sites.iter().fold(Interventions::new(), |acc, site| {
+        acc.save(*site, steps.clone())
+    })
 }
 
 /// Traces every prompt of the fixture in `dir` saving the sites `select` picks, and compares
@@ -58,53 +150,73 @@ pub fn check_prompt_call(
     tolerance: f64,
     select: impl Fn(&Site) -> bool,
 ) -> Result<ParityReport, ParityError> {
-    let reference = Reference::open(dir)?;
-    let device = Default::default();
-    let model = Model::load(&ModelSource::Directory(dir.to_path_buf()), &device)?;
+    let (reference, model) = load(dir)?;
     let sites: Vec<Site> = model
         .layout()
         .call_order()
         .into_iter()
         .filter(select)
         .collect();
-    let interventions = sites.iter().fold(Interventions::new(), |acc, site| {
-        acc.save(*site, Steps::At(0))
-    });
+    let interventions = save(&sites, Steps::At(0));
     let mut report = ParityReport::default();
     for (k, prompt) in reference.prompts.prompts.iter().enumerate() {
-        let batch = model.batch(vec![prompt.clone()])?;
-        let trace = model.trace(&batch, &interventions)?;
-        for site in &sites {
-            let key = format!("prompt{k}/{site}@0");
-            let Some(expected) = reference.get(&key)? else {
-                report.unreferenced.push(key);
-                continue;
-            };
-            let Some(value) = trace.saved.get(*site, 0) else {
-                report.mismatches.push(format!("{key}: not served"));
-                continue;
-            };
-            let got = match RefTensor::from_data(&value.to_data()) {
-                Ok(got) => got,
-                Err(message) => {
-                    report
-                        .mismatches
-                        .push(format!("{key}: unreadable value: {message}"));
-                    continue;
-                }
-            };
-            match got.max_abs_diff(&expected) {
-                None => report.mismatches.push(format!(
-                    "{key}: shape {:?}, transformers has {:?}",
-                    got.shape, expected.shape
-                )),
-                Some((diff, index)) if diff > tolerance => report.mismatches.push(format!(
-                    "{key}: max |diff| {diff:.3e} at flat index {index} (hookscope {}, transformers {})",
-                    got.values[index], expected.values[index]
-                )),
-                Some(_) => report.matched.push(key),
-            }
-        }
+        let trace = model.trace(&model.batch(vec![prompt.clone()])?, &interventions)?;
+        report.compare_saved(
+            &reference,
+            &format!("prompt{k}"),
+            &trace.saved,
+            &sites,
+            1,
+            tolerance,
+        )?;
     }
+    Ok(report)
+}
+
+/// Generates greedily from every prompt of the fixture saving every site at every step, and
+/// compares the tokens and every step's values with `transformers`' cached generation; then
+/// repeats the reference's intervention run (a site zeroed at one step) and compares that too.
+pub fn check_generation(dir: &Path, tolerance: f64) -> Result<ParityReport, ParityError> {
+    let (reference, model) = load(dir)?;
+    let sites = model.layout().call_order();
+    let mut config = model.generation_config().clone();
+    config.decoding = Decoding::Greedy;
+    config.max_new_tokens = reference.prompts.new_tokens;
+    // transformers was asked for exactly `new_tokens` tokens (min_new_tokens), EOS or not.
+    config.eos_token_ids.clear();
+    let all = save(&sites, Steps::All);
+    let mut report = ParityReport::default();
+    let prompts = &reference.prompts.prompts;
+    for (k, prompt) in prompts.iter().enumerate() {
+        let generation = model.generate(&model.batch(vec![prompt.clone()])?, &all, &config)?;
+        let prefix = format!("prompt{k}");
+        report.compare_ids(&reference, &prefix, &generation.output_ids[0])?;
+        report.compare_saved(
+            &reference,
+            &prefix,
+            &generation.saved,
+            &sites,
+            generation.steps,
+            tolerance,
+        )?;
+    }
+    let zero = &reference.prompts.zero;
+    let mut edited = all.clone();
+    edited.push(
+        model.layout().resolve(&zero.site)?,
+        Steps::At(zero.step),
+        Action::Write(Write::Zero),
+    );
+    let prompt = prompts.get(zero.prompt).cloned().unwrap_or_default();
+    let generation = model.generate(&model.batch(vec![prompt])?, &edited, &config)?;
+    report.compare_ids(&reference, "zero0", &generation.output_ids[0])?;
+    report.compare_saved(
+        &reference,
+        "zero0",
+        &generation.saved,
+        &sites,
+        generation.steps,
+        tolerance,
+    )?;
     Ok(report)
 }

@@ -35,6 +35,19 @@ pub struct ReferencePrompts {
     pub prompts: Vec<Vec<u32>>,
     /// Tokens generated greedily after each prompt.
     pub new_tokens: usize,
+    /// The intervention run (keys under `zero0/`).
+    pub zero: ZeroRun,
+}
+
+/// A greedy generation of one prompt with one site zeroed at one step.
+#[derive(Debug, Clone, Deserialize)]
+pub struct ZeroRun {
+    /// Index of the prompt.
+    pub prompt: usize,
+    /// The zeroed site.
+    pub site: String,
+    /// The step at which it is zeroed.
+    pub step: usize,
 }
 
 /// A fixture's reference values: `prompt{k}/{site}@{step}` → tensor.

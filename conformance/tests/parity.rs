@@ -1,7 +1,9 @@
 //! hookscope against `transformers` on the committed fixtures: every site at the prompt call.
 
 use hookscope_conformance::fixtures_dir;
-use hookscope_conformance::parity::{all_sites, check_prompt_call, without_attention_pattern};
+use hookscope_conformance::parity::{
+    all_sites, check_generation, check_prompt_call, without_attention_pattern,
+};
 
 const TOLERANCE: f64 = 1e-4;
 
@@ -60,4 +62,44 @@ fn fused_attention_path_gives_the_same_numbers() {
             .iter()
             .any(|key| key.contains("attention_probabilities"))
     );
+}
+
+fn assert_generation_parity(fixture: &str, unreferenced: impl Fn(&str) -> bool) {
+    let report = check_generation(&fixtures_dir().join(fixture), TOLERANCE).unwrap();
+    assert!(
+        report.mismatches.is_empty(),
+        "{fixture}: {} mismatches:\n{}",
+        report.mismatches.len(),
+        report.mismatches.join("\n")
+    );
+    assert!(
+        report
+            .matched
+            .iter()
+            .any(|key| key.ends_with("/output_ids"))
+    );
+    assert!(report.matched.iter().any(|key| key.starts_with("zero0/")));
+    let unexpected: Vec<&String> = report
+        .unreferenced
+        .iter()
+        .filter(|k| !unreferenced(k))
+        .collect();
+    assert!(
+        unexpected.is_empty(),
+        "{fixture}: no reference for {unexpected:?}"
+    );
+}
+
+#[test]
+fn gpt2_greedy_generation_matches_transformers_at_every_step() {
+    assert_generation_parity("gpt2-tied", |_| false);
+    assert_generation_parity("gpt2-untied-bare", |_| false);
+}
+
+#[test]
+fn embedded_model_generation_and_intervention_match_transformers() {
+    // Vocabulary-sized values are referenced at step 0 only (next_token_probs).
+    assert_generation_parity("gpt2-tiny", |key| {
+        key.contains("/logits@") || (key.contains("/next_token_probs@") && !key.ends_with("@0"))
+    });
 }

@@ -1,5 +1,6 @@
 //! `hookscope`: run any registered model and read or write its internals by standard site names.
 
+mod bench;
 mod embedded;
 mod run;
 mod sites;
@@ -29,6 +30,8 @@ enum Command {
     Sites(sites::SitesArgs),
     /// List the registered architectures.
     Archs,
+    /// Time a forward trace with no hooks against one saving every site (JSON report).
+    Bench(bench::BenchArgs),
 }
 
 fn main() -> ExitCode {
@@ -36,6 +39,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run::run(&args),
         Command::Sites(args) => sites::sites(&args),
+        Command::Bench(args) => bench::bench(&args),
         Command::Archs => {
             archs();
             Ok(())

@@ -1,11 +1,15 @@
-//! `hookscope run`: one forward trace with reads and writes of standard sites.
+//! `hookscope run`: a forward trace, or a generation with `--max-new-tokens`, with reads and
+//! writes of standard sites at chosen steps.
 
 use std::path::PathBuf;
 
 use clap::Args;
 use hookscope_core::burn::tensor::TensorData;
 use hookscope_core::hooks::{Action, Selection, Write};
-use hookscope_core::{Error, Interventions, Model, Result, Steps, Trace};
+use hookscope_core::{
+    Decoding, Error, Generation, GenerationConfig, Interventions, Model, Result, Saved, Steps,
+    Trace,
+};
 use serde_json::json;
 
 /// Arguments of `hookscope run`.
@@ -28,38 +32,113 @@ pub struct RunArgs {
     /// Print a JSON report instead of text.
     #[arg(long)]
     json: bool,
-    /// How many most likely next tokens to print per prompt.
+    /// How many most likely next tokens to print per prompt (single trace).
     #[arg(long, default_value_t = 5)]
     top: usize,
+    #[command(flatten)]
+    generation: GenerationArgs,
 }
 
-/// Runs the trace and reports it.
+/// Generation options; decoding follows the checkpoint's `generation_config.json` unless
+/// overridden here.
+#[derive(Debug, Args)]
+pub struct GenerationArgs {
+    /// Generate this many tokens (one call per token) instead of a single trace.
+    #[arg(long)]
+    max_new_tokens: Option<usize>,
+    /// Pick the most likely token at every step.
+    #[arg(long, conflicts_with = "sample")]
+    greedy: bool,
+    /// Sample from the distribution at every step.
+    #[arg(long)]
+    sample: bool,
+    /// Sampling temperature.
+    #[arg(long)]
+    temperature: Option<f32>,
+    /// Sample among the K most likely tokens (0: all).
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Sample among the most likely tokens holding probability mass P.
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Seed of the sampling stream.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+}
+
+impl GenerationArgs {
+    /// The checkpoint's defaults with this command line's overrides.
+    fn config(&self, defaults: &GenerationConfig, max_new_tokens: usize) -> GenerationConfig {
+        let mut config = defaults.clone();
+        config.max_new_tokens = max_new_tokens;
+        let sampling =
+            self.sample || (!self.greedy && matches!(defaults.decoding, Decoding::Sample { .. }));
+        config.decoding = if sampling {
+            let (temperature, top_k, top_p) = match defaults.decoding {
+                Decoding::Sample {
+                    temperature,
+                    top_k,
+                    top_p,
+                    ..
+                } => (temperature, top_k, top_p),
+                Decoding::Greedy => (1.0, 50, 1.0),
+            };
+            Decoding::Sample {
+                temperature: self.temperature.unwrap_or(temperature),
+                top_k: self.top_k.unwrap_or(top_k),
+                top_p: self.top_p.unwrap_or(top_p),
+                seed: self.seed,
+            }
+        } else {
+            Decoding::Greedy
+        };
+        config
+    }
+}
+
+/// Runs the trace or generation and reports it.
 pub fn run(args: &RunArgs) -> Result<()> {
     let model = crate::load_model(args.model.as_deref())?;
     let prompts: Vec<&str> = args.prompts.iter().map(String::as_str).collect();
     let batch = model.encode(&prompts)?;
+    // Under generation a selection without `@STEPS` means every step; in a trace, step 0.
+    let default_steps = match args.generation.max_new_tokens {
+        Some(_) => Steps::All,
+        None => Steps::At(0),
+    };
     let mut interventions = Interventions::new();
     for (specs, action) in [
         (&args.save, Action::Save),
         (&args.zero, Action::Write(Write::Zero)),
     ] {
         for spec in specs {
-            let selection = Selection::parse(model.layout(), spec, Steps::At(0))?;
-            if !selection.steps.contains(0) {
+            let selection = Selection::parse(model.layout(), spec, default_steps.clone())?;
+            if args.generation.max_new_tokens.is_none() && !selection.steps.contains(0) {
                 return Err(Error::InvalidSteps(format!(
-                    "{} (a single trace has only step 0)",
+                    "{} (a single trace has only step 0; add --max-new-tokens to generate)",
                     selection.steps
                 )));
             }
             for site in selection.sites {
-                interventions.push(site, Steps::At(0), action.clone());
+                interventions.push(site, selection.steps.clone(), action.clone());
             }
         }
+    }
+    if let Some(max_new_tokens) = args.generation.max_new_tokens {
+        let config = args
+            .generation
+            .config(model.generation_config(), max_new_tokens);
+        let generation = model.generate(&batch, &interventions, &config)?;
+        if let Some(path) = &args.out {
+            let ids = (&generation.output_ids, &generation.attention_mask);
+            write_out(path, &generation.saved, ids)?;
+        }
+        return report_generation(&model, args, &generation);
     }
     let trace = model.trace(&batch, &interventions)?;
     let top = top_tokens(&model, &trace, args.top)?;
     if let Some(path) = &args.out {
-        write_out(path, &trace)?;
+        write_out(path, &trace.saved, (&trace.batch.ids, &trace.batch.mask))?;
     }
     if args.json {
         print_json(args, &trace, &top);
@@ -107,32 +186,77 @@ fn top_tokens(model: &Model, trace: &Trace, k: usize) -> Result<Vec<Vec<Candidat
         .collect()
 }
 
-fn write_out(path: &std::path::Path, trace: &Trace) -> Result<()> {
-    let mut tensors: Vec<(String, TensorData)> = trace
-        .saved
+/// Writes `{site}@{step}` for every saved value, `output_ids` and, for a padded batch,
+/// `attention_mask` (both i64 `[B, len]`).
+fn write_out(
+    path: &std::path::Path,
+    saved: &Saved,
+    (ids, mask): (&Vec<Vec<u32>>, &Vec<Vec<bool>>),
+) -> Result<()> {
+    let mut tensors: Vec<(String, TensorData)> = saved
         .iter()
         .map(|(site, step, value)| (format!("{site}@{step}"), value.to_data()))
         .collect();
-    let shape = [trace.batch.batch_size(), trace.batch.len()];
-    let ids: Vec<i64> = trace
-        .batch
-        .ids
-        .iter()
-        .flatten()
-        .map(|id| i64::from(*id))
-        .collect();
-    tensors.push(("output_ids".into(), TensorData::new(ids, shape)));
-    if trace.batch.is_padded() {
-        let mask: Vec<i64> = trace
-            .batch
-            .mask
-            .iter()
-            .flatten()
-            .map(|m| i64::from(*m))
-            .collect();
-        tensors.push(("attention_mask".into(), TensorData::new(mask, shape)));
+    let shape = [ids.len(), ids.first().map_or(0, Vec::len)];
+    let flat_ids: Vec<i64> = ids.iter().flatten().map(|id| i64::from(*id)).collect();
+    tensors.push(("output_ids".into(), TensorData::new(flat_ids, shape)));
+    if mask.iter().flatten().any(|real| !real) {
+        let flat_mask: Vec<i64> = mask.iter().flatten().map(|m| i64::from(*m)).collect();
+        tensors.push(("attention_mask".into(), TensorData::new(flat_mask, shape)));
     }
     hookscope_core::output::write_safetensors(path, &tensors)
+}
+
+fn report_generation(model: &Model, args: &RunArgs, generation: &Generation) -> Result<()> {
+    let continuation = |row: usize| -> Result<String> {
+        let tokens = generation.new_tokens(row);
+        match model.tokenizer() {
+            Some(tokenizer) => tokenizer.decode(tokens),
+            None => Ok(format!("{tokens:?}")),
+        }
+    };
+    let saved: Vec<_> = generation
+        .saved
+        .iter()
+        .map(|(site, step, value)| (format!("{site}@{step}"), value.shape()))
+        .collect();
+    if args.json {
+        let prompts = args
+            .prompts
+            .iter()
+            .enumerate()
+            .map(|(row, prompt)| {
+                Ok(json!({
+                    "prompt": prompt,
+                    "new_ids": generation.new_tokens(row),
+                    "continuation": continuation(row)?,
+                }))
+            })
+            .collect::<Result<Vec<_>>>()?;
+        let saved: Vec<_> = saved
+            .iter()
+            .map(|(key, shape)| json!({"key": key, "shape": shape}))
+            .collect();
+        let report = json!({
+            "prompts": prompts, "steps": generation.steps, "saved": saved, "out": args.out,
+        });
+        println!("{report:#}");
+        return Ok(());
+    }
+    for (row, prompt) in args.prompts.iter().enumerate() {
+        println!("{prompt}{}", continuation(row)?);
+    }
+    if !saved.is_empty() {
+        println!(
+            "saved {} values over {} steps",
+            saved.len(),
+            generation.steps
+        );
+    }
+    if let Some(path) = &args.out {
+        println!("wrote {}", path.display());
+    }
+    Ok(())
 }
 
 fn print_text(prompts: &[&str], trace: &Trace, top: &[Vec<Candidate>], out: Option<&PathBuf>) {

@@ -128,3 +128,51 @@ fn sites_prints_the_shape_table() {
         "{keys}"
     );
 }
+
+#[test]
+fn run_generates_and_saves_every_step_by_default() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("gen.safetensors");
+    let output = hookscope(&[
+        "run",
+        "--prompt",
+        "The Eiffel Tower is in the city of",
+        "--max-new-tokens",
+        "3",
+        "--greedy",
+        "--save",
+        "layers.1.layer_output",
+        "--save",
+        "layers.0.self_attn.attention_keys@2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let bytes = std::fs::read(&out).unwrap();
+    let file = SafeTensors::deserialize(&bytes).unwrap();
+    let shape = |name: &str| file.tensor(name).unwrap().shape().to_vec();
+    assert_eq!(shape("layers.1.layer_output@0"), [1, 10, 32]);
+    assert_eq!(shape("layers.1.layer_output@1"), [1, 1, 32]);
+    assert_eq!(shape("layers.1.layer_output@2"), [1, 1, 32]);
+    assert_eq!(shape("layers.0.self_attn.attention_keys@2"), [1, 4, 12, 8]);
+    assert_eq!(shape("output_ids"), [1, 13]);
+    assert_eq!(file.names().len(), 5);
+}
+
+#[test]
+fn seeded_sampling_from_the_command_line_is_reproducible() {
+    let args = [
+        "run",
+        "--prompt",
+        "Hello",
+        "--max-new-tokens",
+        "6",
+        "--sample",
+        "--seed",
+        "11",
+        "--json",
+    ];
+    let first = hookscope(&args);
+    assert!(first.status.success(), "{}", stderr(&first));
+    assert_eq!(stdout(&first), stdout(&hookscope(&args)));
+}

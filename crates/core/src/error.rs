@@ -43,6 +43,20 @@ pub enum Error {
     /// A steps specification that does not parse.
     #[error("invalid steps `{0}`: expected `K`, `A:B` (end exclusive) or `all`")]
     InvalidSteps(String),
+    /// An edit that needs a value served later in the same call than the site it edits.
+    #[error(
+        "edit of `{site}` needs `{needed}`, which does not occur before it in the same call (contract order: `{site}` is site #{site_position}, `{needed}` is #{needed_position}); an edit can only read values served before the site it edits"
+    )]
+    OutOfOrder {
+        /// The edited site.
+        site: String,
+        /// Its position in the call order.
+        site_position: usize,
+        /// The site it reads.
+        needed: String,
+        /// That site's position in the call order.
+        needed_position: usize,
+    },
     /// A write whose value does not have the site's shape.
     #[error("write to `{site}` at step {step}: value has shape {got:?}, the site has {expected:?}")]
     WriteShapeMismatch {

@@ -8,7 +8,9 @@
 //! [`Architecture`] with `inventory::submit!`; core knows nothing about any one architecture.
 
 pub mod cache;
+pub mod decoding;
 pub mod error;
+pub mod generate;
 pub mod hooks;
 pub mod input;
 pub mod loading;
@@ -19,7 +21,9 @@ pub mod registry;
 pub mod schema;
 pub mod tokenizer;
 
+pub use decoding::{Decoding, GenerationConfig};
 pub use error::{Error, Result};
+pub use generate::Generation;
 pub use hooks::{Hooks, Interventions, Saved, SiteValue, Steps};
 pub use input::{Batch, CallInput};
 pub use loading::{ArchConfig, EmbeddedModel, ModelSource, WeightLoader};

@@ -1,9 +1,9 @@
 //! The adapter trait every architecture implements, and the loaded [`Model`] that runs traces.
 
 use burn::tensor::{Device, Int, Tensor, TensorData, activation};
-use serde_json::Value;
 
 use crate::cache::ModelCache;
+use crate::decoding::GenerationConfig;
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Interventions, Saved};
 use crate::input::{Batch, CallInput, call_masks};
@@ -54,7 +54,7 @@ pub struct Model {
     arch: &'static Architecture,
     network: Box<dyn CausalLm>,
     tokenizer: Option<Tokenizer>,
-    pad_id: u32,
+    generation: GenerationConfig,
     device: Device,
     load_report: LoadReport,
 }
@@ -78,13 +78,13 @@ impl Model {
         let mut loader = WeightLoader::new(&checkpoint, device);
         let network = (arch.load)(&config, &mut loader)?;
         let load_report = loader.finish()?;
-        let generation = source.generation_config()?;
-        let pad_id = pad_token_id(generation.as_ref(), &config.json);
+        let generation =
+            GenerationConfig::from_json(source.generation_config()?.as_ref(), &config.json);
         Ok(Model {
             arch,
             network,
             tokenizer: source.tokenizer()?,
-            pad_id,
+            generation,
             device: device.clone(),
             load_report,
         })
@@ -108,6 +108,16 @@ impl Model {
     /// What loading did with the checkpoint's weights.
     pub fn load_report(&self) -> &LoadReport {
         &self.load_report
+    }
+
+    /// The checkpoint's decoding defaults (`generation_config.json`), to copy and override.
+    pub fn generation_config(&self) -> &GenerationConfig {
+        &self.generation
+    }
+
+    /// The adapter's forward pass.
+    pub(crate) fn network(&self) -> &dyn CausalLm {
+        self.network.as_ref()
     }
 
     /// The device the model runs on.
@@ -136,7 +146,7 @@ impl Model {
                 "token id {bad} is outside the vocabulary (size {vocab})"
             )));
         }
-        Batch::left_padded(prompts, self.pad_id)
+        Batch::left_padded(prompts, self.generation.pad_token_id)
     }
 
     /// Runs one forward call over `batch` with `interventions` at step 0.
@@ -183,7 +193,7 @@ impl Model {
         })
     }
 
-    fn check_length(&self, len: usize) -> Result<()> {
+    pub(crate) fn check_length(&self, len: usize) -> Result<()> {
         match self.network.max_positions() {
             Some(max) if len > max => Err(Error::InvalidInput(format!(
                 "sequence of {len} tokens exceeds the model's {max} positions"
@@ -196,7 +206,7 @@ impl Model {
     /// the whole context's real-token mask), serving the engine's model-level sites around the
     /// adapter's.
     #[allow(clippy::too_many_arguments)]
-    fn call(
+    pub(crate) fn call(
         &self,
         step: usize,
         ids: &[Vec<u32>],
@@ -235,21 +245,4 @@ impl Model {
         let next_token_probs = hooks.visit(Site::NextTokenProbs, activation::softmax(last, 1))?;
         Ok((logits, next_token_probs))
     }
-}
-
-/// The pad id: `pad_token_id`, else `eos_token_id` (first if a list), from the generation
-/// config, then `config.json`; 0 if neither names one.
-fn pad_token_id(generation: Option<&Value>, config: &Value) -> u32 {
-    let id = |json: &Value, key: &str| -> Option<u32> {
-        match json.get(key)? {
-            Value::Number(n) => n.as_u64().and_then(|n| u32::try_from(n).ok()),
-            Value::Array(ids) => ids.first()?.as_u64().and_then(|n| u32::try_from(n).ok()),
-            _ => None,
-        }
-    };
-    [generation, Some(config)]
-        .into_iter()
-        .flatten()
-        .find_map(|json| id(json, "pad_token_id").or_else(|| id(json, "eos_token_id")))
-        .unwrap_or(0)
 }

@@ -39,9 +39,24 @@ impl Saved {
 }
 
 /// What to do at one site during this call.
+#[derive(Default)]
 struct SitePlan<'a> {
     save: bool,
+    /// Some edit of this call reads this site's value.
+    capture: bool,
     writes: Vec<&'a Write>,
+}
+
+/// The plan of `site`, creating the (dense) table on first use.
+fn plan_of<'p, 'a>(
+    plans: &'p mut Vec<Option<SitePlan<'a>>>,
+    layout: &ModelLayout,
+    site: Site,
+) -> &'p mut SitePlan<'a> {
+    if plans.is_empty() {
+        plans.resize_with(layout.slot_count(), || None);
+    }
+    plans[layout.slot(site)].get_or_insert_with(SitePlan::default)
 }
 
 /// The hooks of one forward call. Adapters call [`Hooks::visit`] at every site, in the order of
@@ -54,6 +69,8 @@ pub struct Hooks<'a> {
     /// Indexed by [`ModelLayout::slot`]; empty when nothing applies at this step.
     plans: Vec<Option<SitePlan<'a>>>,
     saved: &'a mut Saved,
+    /// Values of this call's edit sources, by slot.
+    captured: HashMap<usize, SiteValue>,
     order: Option<&'a mut Vec<Site>>,
 }
 
@@ -72,16 +89,15 @@ impl<'a> Hooks<'a> {
             if !request.steps.contains(step) || !layout.has(request.site) {
                 continue;
             }
-            if plans.is_empty() {
-                plans.resize_with(layout.slot_count(), || None);
-            }
-            let plan = plans[layout.slot(request.site)].get_or_insert_with(|| SitePlan {
-                save: false,
-                writes: Vec::new(),
-            });
+            let plan = plan_of(&mut plans, layout, request.site);
             match &request.action {
                 Action::Save => plan.save = true,
                 Action::Write(write) => plan.writes.push(write),
+            }
+        }
+        for source in interventions.sources_at(step) {
+            if layout.has(source) {
+                plan_of(&mut plans, layout, source).capture = true;
             }
         }
         Hooks {
@@ -89,6 +105,7 @@ impl<'a> Hooks<'a> {
             layout,
             plans,
             saved,
+            captured: HashMap::new(),
             order,
         }
     }
@@ -116,51 +133,65 @@ impl<'a> Hooks<'a> {
         if let Some(order) = self.order.as_deref_mut() {
             order.push(site);
         }
-        let Some(plan) = self
-            .plans
-            .get(self.layout.slot(site))
-            .and_then(Option::as_ref)
-        else {
+        let slot = self.layout.slot(site);
+        let Some(plan) = self.plans.get(slot).and_then(Option::as_ref) else {
             return Ok(value);
         };
         let mut value = value;
         for write in &plan.writes {
-            value = apply_write(site, self.step, write, value)?;
+            value = self.apply_write(site, write, value)?;
         }
         if plan.save {
             self.saved
                 .values
                 .insert((site, self.step), value.clone().into_value());
         }
+        if plan.capture {
+            self.captured.insert(slot, value.clone().into_value());
+        }
         Ok(value)
     }
-}
 
-fn apply_write<T: SiteTensor>(site: Site, step: usize, write: &Write, value: T) -> Result<T> {
-    let current = value.into_value();
-    let expected = current.shape();
-    let replacement = match write {
-        Write::Zero => current.zeros_like(),
-        Write::Set(new) => SiteValue::clone(new),
-        Write::Edit(edit) => edit(current).map_err(|message| Error::Edit {
+    fn apply_write<T: SiteTensor>(&self, site: Site, write: &Write, value: T) -> Result<T> {
+        let current = value.into_value();
+        let expected = current.shape();
+        let replacement = match write {
+            Write::Zero => current.zeros_like(),
+            Write::Set(new) => SiteValue::clone(new),
+            Write::Edit { sources, edit } => {
+                let inputs = sources
+                    .iter()
+                    .map(|source| {
+                        self.captured
+                            .get(&self.layout.slot(*source))
+                            .cloned()
+                            .ok_or_else(|| Error::Edit {
+                                site: site.to_string(),
+                                message: format!("source `{source}` was not served before it"),
+                            })
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                edit(current, &inputs).map_err(|message| Error::Edit {
+                    site: site.to_string(),
+                    message,
+                })?
+            }
+        };
+        let got = replacement.shape();
+        let kind = replacement.describe();
+        let replacement = T::from_value(replacement).ok_or_else(|| Error::WriteKindMismatch {
             site: site.to_string(),
-            message,
-        })?,
-    };
-    let got = replacement.shape();
-    let kind = replacement.describe();
-    let replacement = T::from_value(replacement).ok_or_else(|| Error::WriteKindMismatch {
-        site: site.to_string(),
-        expected: T::describe().to_string(),
-        got: kind,
-    })?;
-    if got != expected {
-        return Err(Error::WriteShapeMismatch {
-            site: site.to_string(),
-            step,
-            expected,
-            got,
-        });
+            expected: T::describe().to_string(),
+            got: kind,
+        })?;
+        if got != expected {
+            return Err(Error::WriteShapeMismatch {
+                site: site.to_string(),
+                step: self.step,
+                expected,
+                got,
+            });
+        }
+        Ok(replacement)
     }
-    Ok(replacement)
 }

@@ -99,8 +99,9 @@ impl Selection {
     }
 }
 
-/// A user function computing a site's new value from its current one.
-pub type EditFn = Arc<dyn Fn(SiteValue) -> Result<SiteValue, String> + Send + Sync>;
+/// A user function computing a site's new value from its current one and the values of its
+/// source sites at the same call (in the order the sources were named).
+pub type EditFn = Arc<dyn Fn(SiteValue, &[SiteValue]) -> Result<SiteValue, String> + Send + Sync>;
 
 /// How a write changes a site's value. The new value flows on through the rest of the call and,
 /// through caches and state, into every later step.
@@ -110,8 +111,14 @@ pub enum Write {
     Set(Box<SiteValue>),
     /// Replace the value by zeros.
     Zero,
-    /// Replace the value by a function of it (same shape and kind).
-    Edit(EditFn),
+    /// Replace the value by a function of it and of `sources`, values served earlier in the
+    /// same call (same shape and kind).
+    Edit {
+        /// Sites whose values (at the same step) the edit reads.
+        sources: Vec<Site>,
+        /// The function.
+        edit: EditFn,
+    },
 }
 
 impl fmt::Debug for Write {
@@ -119,7 +126,7 @@ impl fmt::Debug for Write {
         match self {
             Write::Set(value) => write!(f, "Set({:?})", value.shape()),
             Write::Zero => f.write_str("Zero"),
-            Write::Edit(_) => f.write_str("Edit(..)"),
+            Write::Edit { sources, .. } => write!(f, "Edit(sources: {sources:?})"),
         }
     }
 }
@@ -177,12 +184,26 @@ impl Interventions {
 
     /// Replaces `site` by `edit(value)` at `steps`.
     pub fn edit(
-        mut self,
+        self,
         site: Site,
         steps: Steps,
         edit: impl Fn(SiteValue) -> Result<SiteValue, String> + Send + Sync + 'static,
     ) -> Self {
-        self.push(site, steps, Action::Write(Write::Edit(Arc::new(edit))));
+        self.edit_with(site, steps, Vec::new(), move |value, _| edit(value))
+    }
+
+    /// Replaces `site` by `edit(value, sources)` at `steps`, where `sources` are the values of
+    /// the named sites in the same call. Every source must occur before `site` in the call
+    /// order; [`Interventions::validate`] rejects one that does not.
+    pub fn edit_with(
+        mut self,
+        site: Site,
+        steps: Steps,
+        sources: Vec<Site>,
+        edit: impl Fn(SiteValue, &[SiteValue]) -> Result<SiteValue, String> + Send + Sync + 'static,
+    ) -> Self {
+        let edit: EditFn = Arc::new(edit);
+        self.push(site, steps, Action::Write(Write::Edit { sources, edit }));
         self
     }
 
@@ -205,12 +226,45 @@ impl Interventions {
         self.requests.is_empty()
     }
 
-    /// Checks that every requested site exists on this model, before anything runs.
+    /// Checks, before anything runs, that every requested site exists on this model and that
+    /// no edit needs a value occurring later in the same call than the site it edits.
     pub fn validate(&self, layout: &ModelLayout) -> Result<()> {
+        let order = layout.call_order();
+        let position = |site: &Site| order.iter().position(|s| s == site);
         for request in &self.requests {
             layout.resolve(&request.site.to_string())?;
+            let Action::Write(Write::Edit { sources, .. }) = &request.action else {
+                continue;
+            };
+            for source in sources {
+                layout.resolve(&source.to_string())?;
+                let (Some(edited), Some(needed)) = (position(&request.site), position(source))
+                else {
+                    continue;
+                };
+                if needed >= edited {
+                    return Err(Error::OutOfOrder {
+                        site: request.site.to_string(),
+                        site_position: edited,
+                        needed: source.to_string(),
+                        needed_position: needed,
+                    });
+                }
+            }
         }
         Ok(())
+    }
+
+    /// The sites some edit at `step` reads as a source.
+    pub(crate) fn sources_at(&self, step: usize) -> impl Iterator<Item = Site> + '_ {
+        self.requests
+            .iter()
+            .filter(move |request| request.steps.contains(step))
+            .filter_map(|request| match &request.action {
+                Action::Write(Write::Edit { sources, .. }) => Some(sources.iter().copied()),
+                _ => None,
+            })
+            .flatten()
     }
 }
 

@@ -1,11 +1,15 @@
-//! Affine maps `y = x W + b`, stored as `[in, out]`.
+//! Affine maps `y = x W + b`.
+//!
+//! The weight is kept as stored: a torch `[out, in]` matrix is used through a transposed view,
+//! never copied. The map folds every leading axis into the rows of one 2-D matrix product, which
+//! reads strided operands directly (burn's `linear` would first copy a strided weight, on every
+//! call).
 
 use burn::tensor::Tensor;
-use burn::tensor::module::linear;
 
 use crate::loading::WeightLoader;
 
-/// An affine map with its weight stored `[in, out]`.
+/// An affine map; `weight` is an `[in, out]` view of the stored matrix.
 #[derive(Debug, Clone)]
 pub struct Linear {
     weight: Tensor<2>,
@@ -52,6 +56,15 @@ impl Linear {
 
     /// Applies the map to the last axis.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        linear(x, self.weight.clone(), self.bias.clone())
+        let mut dims = x.dims();
+        let d_in = dims[D - 1];
+        let rows = dims[..D - 1].iter().product::<usize>();
+        let y = x.reshape([rows, d_in]).matmul(self.weight.clone());
+        let y = match &self.bias {
+            Some(bias) => y + bias.clone().unsqueeze::<2>(),
+            None => y,
+        };
+        dims[D - 1] = self.weight.dims()[1];
+        y.reshape(dims)
     }
 }

@@ -1,0 +1,102 @@
+//! Generation: one forward call for the prompt (step 0), then one per new token, with the
+//! requested reads and writes applied at exactly the steps they name.
+
+use crate::decoding::{GenerationConfig, TokenPicker};
+use crate::error::{Error, Result};
+use crate::hooks::{Interventions, Saved};
+use crate::input::Batch;
+use crate::model::Model;
+
+/// The result of [`Model::generate`].
+#[derive(Debug, Clone)]
+pub struct Generation {
+    /// Saved site values, by site and step.
+    pub saved: Saved,
+    /// `[B][prompt_len + new tokens]`: the (left-padded) prompts and the tokens generated.
+    pub output_ids: Vec<Vec<u32>>,
+    /// `[B][prompt_len + new tokens]`: false at left padding.
+    pub attention_mask: Vec<Vec<bool>>,
+    /// The padded prompt length.
+    pub prompt_len: usize,
+    /// Calls made (= tokens appended): fewer than `max_new_tokens` when every row hit EOS.
+    pub steps: usize,
+}
+
+impl Generation {
+    /// The tokens generated for row `row`.
+    pub fn new_tokens(&self, row: usize) -> &[u32] {
+        &self.output_ids[row][self.prompt_len..]
+    }
+}
+
+impl Model {
+    /// Generates up to `config.max_new_tokens` tokens after each prompt of `batch`.
+    ///
+    /// Step 0 is the prompt call (full logits `[B, prompt_len, V]`), each later step feeds the
+    /// token the previous one chose. A read or write binds to exactly the steps it names; a
+    /// write at step k reaches later steps only through the cache and the tokens it changes.
+    /// A row that produces an EOS token is padded from then on; generation stops when every
+    /// row has ended.
+    pub fn generate(
+        &self,
+        batch: &Batch,
+        interventions: &Interventions,
+        config: &GenerationConfig,
+    ) -> Result<Generation> {
+        config.validate()?;
+        interventions.validate(self.layout())?;
+        batch.validate()?;
+        let prompt_len = batch.len();
+        self.check_length(prompt_len + config.max_new_tokens.saturating_sub(1))?;
+        let vocab = self.layout().vocab;
+        let mut ids = batch.ids.clone();
+        let mut mask = batch.mask.clone();
+        let mut ended = vec![false; batch.batch_size()];
+        let mut picker = TokenPicker::new(&config.decoding);
+        let mut cache = self.network().new_cache();
+        let mut saved = Saved::default();
+        let mut steps = 0;
+        while steps < config.max_new_tokens && !ended.iter().all(|e| *e) {
+            let fed: Vec<Vec<u32>> = if steps == 0 || !config.use_cache {
+                cache = self.network().new_cache();
+                ids.clone()
+            } else {
+                ids.iter()
+                    .map(|row| row[row.len() - 1..].to_vec())
+                    .collect()
+            };
+            let (_, probs) = self.call(
+                steps,
+                &fed,
+                &mask,
+                &mut cache,
+                interventions,
+                &mut saved,
+                None,
+            )?;
+            let probs = probs
+                .to_data()
+                .convert::<f32>()
+                .try_into_vec::<f32>()
+                .map_err(|e| Error::Backend(format!("{e:?}")))?;
+            for (row, row_probs) in probs.chunks(vocab).enumerate() {
+                let token = if ended[row] {
+                    config.pad_token_id
+                } else {
+                    picker.pick(row_probs)
+                };
+                ended[row] |= config.eos_token_ids.contains(&token);
+                ids[row].push(token);
+                mask[row].push(true);
+            }
+            steps += 1;
+        }
+        Ok(Generation {
+            saved,
+            output_ids: ids,
+            attention_mask: mask,
+            prompt_len,
+            steps,
+        })
+    }
+}
