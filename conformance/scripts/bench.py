@@ -1,10 +1,14 @@
 #!/usr/bin/env python3
-"""Time hookscope beside `transformers` on the same model, machine and run; print a Markdown
-table of ratios for BENCHMARKS.md.
+"""Time hookscope beside `transformers` and nnterp on the same model, machine and run; print
+Markdown tables of ratios for BENCHMARKS.md.
 
     python conformance/scripts/make_fixtures.py --bench-model bench-models/gpt2-small
     cargo build --release -p hookscope-cli
+    pip install torch transformers "nnsight==0.7.0" "nnterp==1.3.*" "cloudpickle==3.0.0"
     python conformance/scripts/bench.py --model bench-models/gpt2-small --threads 2
+
+Forward: one call on a prompt. Generation: greedy, `--new-tokens` tokens from a 10-token
+prompt; decode milliseconds per token are (time(N tokens) - time(1 token)) / (N - 1).
 """
 
 import argparse
@@ -35,16 +39,60 @@ def time_transformers_forward(model_dir, prompt_len, iters, warmup):
     return statistics.median(times)
 
 
-def time_hookscope_forward(binary, model_dir, prompt_len, iters, warmup, threads):
+def time_hookscope(binary, model_dir, prompt_len, iters, warmup, threads, new_tokens=None):
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
-    out = subprocess.run(
-        [binary, "bench", str(model_dir), "--prompt-len", str(prompt_len), "--iters", str(iters), "--warmup", str(warmup)],
-        check=True,
-        capture_output=True,
-        text=True,
-        env=env,
-    )
+    command = [binary, "bench", str(model_dir), "--prompt-len", str(prompt_len), "--iters", str(iters)]
+    command += ["--warmup", str(warmup)]
+    if new_tokens is not None:
+        command += ["--new-tokens", str(new_tokens)]
+    out = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout)
+
+
+def median_ms(run, iters, warmup):
+    times = []
+    for i in range(warmup + iters):
+        start = time.perf_counter()
+        run()
+        if i >= warmup:
+            times.append((time.perf_counter() - start) * 1e3)
+    return statistics.median(times)
+
+
+def time_transformers_generate(model_dir, prompt_len, new_tokens, iters):
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval()
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
+
+    def run(n):
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+
+    return {n: median_ms(lambda: run(n), iters, 1) for n in (1, new_tokens)}
+
+
+def time_nnterp_generate(model_dir, prompt_len, new_tokens, iters):
+    """nnterp with no saves and with `layers[L].layer_output` saved at every step."""
+    from nnterp import StandardizedTransformer
+
+    model = StandardizedTransformer(str(model_dir), device_map="cpu", attn_implementation="eager")
+    ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
+    middle = model.num_layers // 2
+    results = {}
+    for variant in ("no_hooks", "save_one_site"):
+        def run(n, variant=variant):
+            saved = []
+            with model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0) as tracer:
+                if variant == "save_one_site":
+                    for _ in tracer.iter[:n]:
+                        saved.append(model.layers[middle].output.save())
+            return saved
+
+        results[variant] = {n: median_ms(lambda n=n: run(n), iters, 1) for n in (1, new_tokens)}
+    return results
+
+
+def decode_ms(times, new_tokens):
+    return (times[new_tokens] - times[1]) / (new_tokens - 1)
 
 
 def main():
@@ -55,6 +103,9 @@ def main():
     parser.add_argument("--prompt-lens", type=int, nargs="+", default=[10, 128])
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--new-tokens", type=int, default=32)
+    parser.add_argument("--generate-iters", type=int, default=3)
+    parser.add_argument("--skip-nnterp", action="store_true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -64,12 +115,41 @@ def main():
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for prompt_len in args.prompt_lens:
         hf = time_transformers_forward(args.model, prompt_len, args.iters, args.warmup)
-        hs = time_hookscope_forward(args.hookscope, args.model, prompt_len, args.iters, args.warmup, args.threads)
+        hs = time_hookscope(args.hookscope, args.model, prompt_len, args.iters, args.warmup, args.threads)
         plain = hs["no_hooks"]["median_ms"]
         saved = hs["save_every_site"]["median_ms"]
         print(
             f"| {prompt_len} | {hf:.1f} | {plain:.1f} | {saved:.1f} | {hf / plain:.2f}x speed | {saved / plain:.3f}x time |"
         )
+
+    n = args.new_tokens
+    print(f"\nGreedy generation, 10-token prompt, {n} new tokens: decode ms/token")
+    hf = decode_ms(time_transformers_generate(args.model, 10, n, args.generate_iters), n)
+    runs = {}
+    for tokens in (1, n):
+        report = time_hookscope(args.hookscope, args.model, 10, args.generate_iters, 1, args.threads, tokens)
+        for variant in ("no_hooks", "save_one_site", "save_every_site"):
+            runs.setdefault(variant, {})[tokens] = report[variant]["median_ms"]
+    roofline = report["weight_bytes"] / (report["copy_gb_per_s"] * 1e9) * 1e3
+    print(f"weights {report['weight_bytes'] / 1e6:.0f} MB, copy bandwidth {report['copy_gb_per_s']:.1f} GB/s, "
+          f"roofline {roofline:.1f} ms/token\n")
+    print("| run | decode ms/token | tokens/s vs transformers | % of roofline | vs its own unhooked run |")
+    print("| --- | ---: | ---: | ---: | ---: |")
+    print(f"| transformers generate | {hf:.1f} | 1.00x | {100 * roofline / hf:.0f}% | |")
+    if not args.skip_nnterp:
+        nn = time_nnterp_generate(args.model, 10, n, args.generate_iters)
+        nn_plain = decode_ms(nn["no_hooks"], n)
+        for variant, label in (("no_hooks", "nnterp, no saves"), ("save_one_site", "nnterp, one site saved per step")):
+            ms = decode_ms(nn[variant], n)
+            print(f"| {label} | {ms:.1f} | {hf / ms:.2f}x | {100 * roofline / ms:.0f}% | {ms / nn_plain:.3f}x |")
+    plain = decode_ms(runs["no_hooks"], n)
+    for variant, label in (
+        ("no_hooks", "hookscope, no hooks"),
+        ("save_one_site", "hookscope, one site saved per step"),
+        ("save_every_site", "hookscope, every site saved per step"),
+    ):
+        ms = decode_ms(runs[variant], n)
+        print(f"| {label} | {ms:.1f} | {hf / ms:.2f}x | {100 * roofline / ms:.0f}% | {ms / plain:.3f}x |")
 
 
 if __name__ == "__main__":

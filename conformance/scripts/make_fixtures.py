@@ -20,6 +20,7 @@ committed: ~500 MB).
 import argparse
 import json
 import os
+import shutil
 from pathlib import Path
 
 import torch
@@ -285,6 +286,10 @@ def make_bench_model(directory):
     GenerationConfig(bos_token_id=50256, eos_token_id=50256, pad_token_id=50256, do_sample=False).save_pretrained(
         directory
     )
+    # The real GPT-2 tokenizer (same vocabulary), so that tokenizer-based tools (nnterp) load it.
+    tokenizer = FIXTURES / "gpt2-tiny" / "tokenizer.json"
+    if tokenizer.exists():
+        shutil.copy(tokenizer, directory / "tokenizer.json")
 
 
 def main():

@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use clap::Args;
-use hookscope_core::{Error, Interventions, Result, Steps};
+use hookscope_core::{Decoding, Error, Interventions, LayerSite, Result, Site, Steps};
 use serde_json::json;
 
 /// Arguments of `hookscope bench`.
@@ -23,6 +23,32 @@ pub struct BenchArgs {
     /// Untimed repetitions first.
     #[arg(long, default_value_t = 3)]
     warmup: usize,
+    /// Time greedy generation of this many tokens instead of one forward call.
+    #[arg(long)]
+    new_tokens: Option<usize>,
+}
+
+/// Memory copy bandwidth of this machine now, in bytes copied per second (best of a few copies
+/// of a 256 MiB buffer, split over every available thread): the denominator of the decode
+/// roofline.
+fn copy_bandwidth_gb_per_s() -> f64 {
+    const LEN: usize = 256 << 20;
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    let source = vec![1u8; LEN];
+    let mut target = vec![0u8; LEN];
+    let chunk = LEN.div_ceil(threads);
+    (0..5)
+        .map(|_| {
+            let start = Instant::now();
+            std::thread::scope(|scope| {
+                for (from, to) in source.chunks(chunk).zip(target.chunks_mut(chunk)) {
+                    scope.spawn(move || to.copy_from_slice(from));
+                }
+            });
+            std::hint::black_box(&target);
+            LEN as f64 / start.elapsed().as_secs_f64() / 1e9
+        })
+        .fold(0.0, f64::max)
 }
 
 /// Runs the benchmark and prints a JSON report (median and min milliseconds per variant).
@@ -35,21 +61,36 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         .map(|id| id as u32)
         .collect();
     let batch = model.batch(vec![prompt])?;
+    let steps = if args.new_tokens.is_some() {
+        Steps::All
+    } else {
+        Steps::At(0)
+    };
     let save_all = model
         .layout()
         .call_order()
         .into_iter()
         .fold(Interventions::new(), |acc, site| {
-            acc.save(site, Steps::At(0))
+            acc.save(site, steps.clone())
         });
+    let middle_layer = Site::layer(model.layout().layers.len() / 2, LayerSite::LayerOutput);
     let variants = [
         ("no_hooks", Interventions::new()),
+        (
+            "save_one_site",
+            Interventions::new().save(middle_layer, steps.clone()),
+        ),
         ("save_every_site", save_all),
     ];
-    let mut report = serde_json::Map::new();
-    for (name, interventions) in &variants {
-        let time_once = || -> Result<f64> {
-            let start = Instant::now();
+    let mut config = model.generation_config().clone();
+    config.decoding = Decoding::Greedy;
+    config.eos_token_ids.clear();
+    config.max_new_tokens = args.new_tokens.unwrap_or(0);
+    let time_once = |interventions: &Interventions| -> Result<f64> {
+        let start = Instant::now();
+        if args.new_tokens.is_some() {
+            model.generate(&batch, interventions, &config)?;
+        } else {
             let trace = model.trace(&batch, interventions)?;
             trace
                 .next_token_probs
@@ -57,14 +98,21 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
                 .convert::<f32>()
                 .try_into_vec::<f32>()
                 .map_err(|e| Error::Backend(format!("{e:?}")))?;
-            Ok(start.elapsed().as_secs_f64() * 1e3)
-        };
-        for _ in 0..args.warmup {
-            time_once()?;
         }
-        let mut times = (0..args.iters.max(1))
-            .map(|_| time_once())
-            .collect::<Result<Vec<f64>>>()?;
+        Ok(start.elapsed().as_secs_f64() * 1e3)
+    };
+    // Variants take turns, so that drift in the machine's speed hits them alike.
+    let mut times = vec![Vec::with_capacity(args.iters); variants.len()];
+    for round in 0..args.warmup + args.iters.max(1) {
+        for (index, (_, interventions)) in variants.iter().enumerate() {
+            let elapsed = time_once(interventions)?;
+            if round >= args.warmup {
+                times[index].push(elapsed);
+            }
+        }
+    }
+    let mut report = serde_json::Map::new();
+    for ((name, _), mut times) in variants.iter().zip(times) {
         times.sort_by(f64::total_cmp);
         report.insert(
             (*name).to_string(),
@@ -72,6 +120,9 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         );
     }
     report.insert("prompt_len".into(), json!(args.prompt_len));
+    report.insert("new_tokens".into(), json!(args.new_tokens));
+    report.insert("weight_bytes".into(), json!(model.weight_bytes()));
+    report.insert("copy_gb_per_s".into(), json!(copy_bandwidth_gb_per_s()));
     report.insert("sites".into(), json!(model.layout().call_order().len()));
     println!("{}", serde_json::Value::Object(report));
     Ok(())

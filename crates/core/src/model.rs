@@ -110,6 +110,11 @@ impl Model {
         &self.load_report
     }
 
+    /// Bytes of weights held on the device (f32): what a decode step streams from memory.
+    pub fn weight_bytes(&self) -> usize {
+        self.load_report.parameters * std::mem::size_of::<f32>()
+    }
+
     /// The checkpoint's decoding defaults (`generation_config.json`), to copy and override.
     pub fn generation_config(&self) -> &GenerationConfig {
         &self.generation

@@ -191,6 +191,7 @@ pub struct WeightLoader<'a> {
     device: Device,
     used: BTreeSet<String>,
     problems: Vec<String>,
+    parameters: usize,
 }
 
 /// What loading did with the checkpoint.
@@ -198,6 +199,8 @@ pub struct WeightLoader<'a> {
 pub struct LoadReport {
     /// Stored weights the adapter never asked for.
     pub unused: Vec<String>,
+    /// Number of parameters loaded.
+    pub parameters: usize,
 }
 
 impl<'a> WeightLoader<'a> {
@@ -208,6 +211,7 @@ impl<'a> WeightLoader<'a> {
             device: device.clone(),
             used: BTreeSet::new(),
             problems: Vec::new(),
+            parameters: 0,
         }
     }
 
@@ -222,6 +226,7 @@ impl<'a> WeightLoader<'a> {
         match self.checkpoint.read(name) {
             Ok((values, stored)) if stored == shape => {
                 self.used.insert(name.to_string());
+                self.parameters += values.len();
                 Tensor::from_data(TensorData::new(values, shape), &self.device)
             }
             Ok((_, stored)) => {
@@ -253,6 +258,9 @@ impl<'a> WeightLoader<'a> {
             .filter(|name| !self.used.contains(*name))
             .map(str::to_string)
             .collect();
-        Ok(LoadReport { unused })
+        Ok(LoadReport {
+            unused,
+            parameters: self.parameters,
+        })
     }
 }
