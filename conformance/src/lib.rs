@@ -8,6 +8,7 @@ pub mod reference;
 
 // Links the built-in adapters so that their `inventory` registrations are present.
 use hookscope_arch_gpt2 as _;
+use hookscope_arch_llama as _;
 
 use std::path::PathBuf;
 

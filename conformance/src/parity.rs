@@ -182,7 +182,7 @@ pub fn check_generation(dir: &Path, tolerance: f64) -> Result<ParityReport, Pari
     let mut config = model.generation_config().clone();
     config.decoding = Decoding::Greedy;
     config.max_new_tokens = reference.prompts.new_tokens;
-    // transformers was asked for exactly `new_tokens` tokens (min_new_tokens), EOS or not.
+    // transformers generated exactly `new_tokens` tokens with no EOS.
     config.eos_token_ids.clear();
     let all = save(&sites, Steps::All);
     let mut report = ParityReport::default();

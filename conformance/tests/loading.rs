@@ -194,3 +194,62 @@ fn missing_directory_is_not_found() {
     let error = ModelSource::resolve("./no/such/model/dir").unwrap_err();
     assert!(matches!(error, Error::ModelNotFound { .. }), "{error}");
 }
+
+fn edit_config(
+    fixture: &str,
+    edit: impl FnOnce(&mut serde_json::Map<String, serde_json::Value>),
+) -> tempfile::TempDir {
+    let dir = copy_fixture(fixture);
+    let path = dir.path().join("config.json");
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    edit(config.as_object_mut().unwrap());
+    std::fs::write(&path, config.to_string()).unwrap();
+    dir
+}
+
+#[test]
+fn mistral_without_a_limiting_window_runs_as_llama() {
+    let dir = edit_config("llama-mha-tied", |config| {
+        config.insert("model_type".into(), "mistral".into());
+        config.insert(
+            "architectures".into(),
+            serde_json::json!(["MistralForCausalLM"]),
+        );
+        config.insert("sliding_window".into(), serde_json::Value::Null);
+    });
+    let model = load(dir.path()).unwrap();
+    assert_eq!(model.architecture().name, "llama");
+}
+
+#[test]
+fn sliding_window_attention_is_refused() {
+    let dir = edit_config("llama-mha-tied", |config| {
+        config.insert("model_type".into(), "mistral".into());
+        config.insert("sliding_window".into(), 16.into());
+    });
+    let error = error_of(load(dir.path()));
+    assert!(matches!(error, Error::UnsupportedConfig { .. }), "{error}");
+    assert!(error.to_string().contains("sliding"), "{error}");
+}
+
+#[test]
+fn unknown_rope_types_are_refused() {
+    let dir = edit_config("llama-mha-tied", |config| {
+        config.insert(
+            "rope_parameters".into(),
+            serde_json::json!({"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}),
+        );
+    });
+    let error = error_of(load(dir.path()));
+    assert!(error.to_string().contains("yarn"), "{error}");
+}
+
+#[test]
+fn grouped_query_heads_must_divide() {
+    let dir = edit_config("llama-mha-tied", |config| {
+        config.insert("num_key_value_heads".into(), 2.into());
+    });
+    let error = error_of(load(dir.path()));
+    assert!(error.to_string().contains("num_key_value_heads"), "{error}");
+}

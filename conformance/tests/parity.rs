@@ -103,3 +103,25 @@ fn embedded_model_generation_and_intervention_match_transformers() {
         key.contains("/logits@") || (key.contains("/next_token_probs@") && !key.ends_with("@0"))
     });
 }
+
+const LLAMA_FIXTURES: [&str; 5] = [
+    "llama-mha-tied",
+    "llama-gqa2-llama3-bias",
+    "llama-gqa4-linear-headdim",
+    "llama-dynamic",
+    "qwen2-bias",
+];
+
+#[test]
+fn llama_family_matches_transformers_at_every_site() {
+    for fixture in LLAMA_FIXTURES {
+        assert_parity(fixture, &[]);
+    }
+}
+
+#[test]
+fn llama_family_generation_matches_transformers_at_every_step() {
+    for fixture in LLAMA_FIXTURES {
+        assert_generation_parity(fixture, |_| false);
+    }
+}

@@ -8,11 +8,13 @@
 //! `Conv1D` weights laid out `[in, out]`, `lm_head.weight` stored only when untied.
 
 use hookscope_core::burn::tensor::Tensor;
-use hookscope_core::cache::{KvCache, LayerState, ModelCache};
-use hookscope_core::nn::{Activation, Embedding, LayerNorm, Linear, SoftmaxAttention};
-use hookscope_core::schema::{LayerSite, LayerSpec, MixerKind};
+use hookscope_core::cache::ModelCache;
+use hookscope_core::nn::{
+    Activation, Embedding, LayerNorm, Linear, SoftmaxAttention, residual_block,
+};
+use hookscope_core::schema::{LayerSpec, MixerKind};
 use hookscope_core::{
-    ArchConfig, Architecture, CallInput, CausalLm, Hooks, ModelLayout, Result, Site, WeightLoader,
+    ArchConfig, CallInput, CausalLm, Hooks, ModelLayout, Result, Site, WeightLoader,
 };
 use serde::Deserialize;
 
@@ -98,7 +100,7 @@ impl Gpt2 {
             return Err(arch_config.unsupported("add_cross_attention (encoder-decoder GPT-2)"));
         }
         let (h, heads) = (config.n_embd, config.n_head);
-        if heads == 0 || h % heads != 0 {
+        if heads == 0 || !h.is_multiple_of(heads) {
             return Err(
                 arch_config.unsupported(format!("n_embd {h} is not a multiple of n_head {heads}"))
             );
@@ -181,11 +183,7 @@ impl CausalLm for Gpt2 {
     }
 
     fn new_cache(&self) -> ModelCache {
-        ModelCache::new(
-            (0..self.blocks.len())
-                .map(|_| LayerState::KeyValue(KvCache::default()))
-                .collect(),
-        )
+        ModelCache::key_values(self.blocks.len())
     }
 
     fn forward(
@@ -203,48 +201,42 @@ impl CausalLm for Gpt2 {
                 .swap_dims(1, 2)
         };
         for (layer, block) in self.blocks.iter().enumerate() {
-            let site = |site| Site::layer(layer, site);
-            hidden = hooks.visit(site(LayerSite::LayerInput), hidden)?;
-            let qkv = block.c_attn.forward(block.ln_1.forward(hidden.clone()));
-            let h = self.config.n_embd;
-            let q = qkv.clone().slice_dim(2, 0..h);
-            let k = qkv.clone().slice_dim(2, h..2 * h);
-            let v = qkv.slice_dim(2, 2 * h..3 * h);
-            let heads = block.attention.heads;
-            let mixed = block.attention.forward(
+            hidden = residual_block(
                 layer,
-                split_heads(q, heads),
-                split_heads(k, heads),
-                split_heads(v, heads),
-                &input.attention_mask,
-                cache.key_value(layer)?,
+                hidden,
                 hooks,
+                |hidden, hooks| {
+                    let qkv = block.c_attn.forward(block.ln_1.forward(hidden));
+                    let h = self.config.n_embd;
+                    let heads = block.attention.heads;
+                    let q = split_heads(qkv.clone().slice_dim(2, 0..h), heads);
+                    let k = split_heads(qkv.clone().slice_dim(2, h..2 * h), heads);
+                    let v = split_heads(qkv.slice_dim(2, 2 * h..3 * h), heads);
+                    let mask = &input.attention_mask;
+                    let mixed = block.attention.forward(
+                        layer,
+                        q,
+                        k,
+                        v,
+                        mask,
+                        cache.key_value(layer)?,
+                        hooks,
+                    )?;
+                    Ok(block.c_proj.forward(mixed))
+                },
+                |hidden| {
+                    let inner = block.c_fc.forward(block.ln_2.forward(hidden));
+                    block.mlp_proj.forward(self.activation.forward(inner))
+                },
             )?;
-            let attention_output = hooks.visit(
-                site(LayerSite::AttentionOutput),
-                block.c_proj.forward(mixed),
-            )?;
-            hidden = hidden + attention_output;
-            let mlp = block.mlp_proj.forward(
-                self.activation
-                    .forward(block.c_fc.forward(block.ln_2.forward(hidden.clone()))),
-            );
-            let mlp_output = hooks.visit(site(LayerSite::MlpOutput), mlp)?;
-            hidden = hooks.visit(site(LayerSite::LayerOutput), hidden + mlp_output)?;
         }
         Ok(self.lm_head.forward(self.ln_f.forward(hidden)))
     }
 }
 
-fn load(config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<Box<dyn CausalLm>> {
-    Ok(Box::new(Gpt2::load(config, loader)?))
-}
-
-hookscope_core::inventory::submit! {
-    Architecture {
-        name: "gpt2",
-        model_types: &["gpt2"],
-        architectures: &["GPT2LMHeadModel", "GPT2Model"],
-        load,
-    }
-}
+hookscope_core::register_architecture!(
+    Gpt2,
+    name: "gpt2",
+    model_types: ["gpt2"],
+    architectures: ["GPT2LMHeadModel", "GPT2Model"],
+);

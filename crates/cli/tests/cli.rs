@@ -30,7 +30,8 @@ fn fixture(name: &str) -> PathBuf {
 fn archs_lists_every_builtin_architecture() {
     let output = hookscope(&["archs"]);
     assert!(output.status.success(), "{}", stderr(&output));
-    assert!(stdout(&output).contains("gpt2"), "{}", stdout(&output));
+    let text = stdout(&output);
+    assert!(text.contains("gpt2") && text.contains("llama"), "{text}");
 }
 
 #[test]

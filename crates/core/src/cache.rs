@@ -48,6 +48,15 @@ impl ModelCache {
         ModelCache { layers }
     }
 
+    /// An empty key/value cache for each of `layers` attention layers.
+    pub fn key_values(layers: usize) -> Self {
+        ModelCache::new(
+            (0..layers)
+                .map(|_| LayerState::KeyValue(KvCache::default()))
+                .collect(),
+        )
+    }
+
     /// Layer `layer`'s key/value cache.
     pub fn key_value(&mut self, layer: usize) -> Result<&mut KvCache> {
         match self.layers.get_mut(layer) {

@@ -58,3 +58,25 @@ pub fn find(config: &ArchConfig) -> Result<&'static Architecture> {
         }),
     }
 }
+
+/// Registers an architecture whose model type has
+/// `fn load(&ArchConfig, &mut WeightLoader) -> Result<Self>` and implements [`CausalLm`]:
+///
+/// ```text
+/// hookscope_core::register_architecture!(Gpt2, name: "gpt2", model_types: ["gpt2"],
+///     architectures: ["GPT2LMHeadModel"]);
+/// ```
+#[macro_export]
+macro_rules! register_architecture {
+    ($model:ty, name: $name:literal, model_types: [$($model_type:literal),* $(,)?],
+     architectures: [$($class:literal),* $(,)?] $(,)?) => {
+        $crate::inventory::submit! {
+            $crate::Architecture {
+                name: $name,
+                model_types: &[$($model_type),*],
+                architectures: &[$($class),*],
+                load: |config, loader| Ok(Box::new(<$model>::load(config, loader)?)),
+            }
+        }
+    };
+}

@@ -2,12 +2,16 @@
 
 mod activation;
 mod attention;
+mod block;
 mod embedding;
 mod linear;
 mod norm;
+mod rotary;
 
 pub use activation::Activation;
 pub use attention::SoftmaxAttention;
+pub use block::residual_block;
 pub use embedding::Embedding;
 pub use linear::Linear;
-pub use norm::LayerNorm;
+pub use norm::{LayerNorm, RmsNorm};
+pub use rotary::{RopeScaling, Rotary};

@@ -1,0 +1,194 @@
+//! # Llama
+//!
+//! "LLaMA: Open and Efficient Foundation Language Models" (Touvron et al., 2023) and its
+//! successors: pre-norm decoder with RMSNorm, rotary positions (with the `linear`, `dynamic`
+//! and `llama3` scalings), grouped-query attention and a SwiGLU MLP.
+//!
+//! `LlamaForCausalLM` as `transformers` 5.x stores it (`model.embed_tokens`, `model.layers.{i}`,
+//! `model.norm`, `lm_head` unless tied), and the checkpoints that run the same code path under
+//! other `model_type`s: `mistral` without a sliding window shorter than the context, and `qwen2`
+//! (q/k/v biases). Anything else of theirs is refused with the reason.
+
+mod config;
+
+use hookscope_core::burn::tensor::Tensor;
+use hookscope_core::cache::ModelCache;
+use hookscope_core::nn::{
+    Activation, Embedding, Linear, RmsNorm, Rotary, SoftmaxAttention, residual_block,
+};
+use hookscope_core::schema::{LayerSpec, MixerKind};
+use hookscope_core::{
+    ArchConfig, CallInput, CausalLm, Hooks, ModelLayout, Result, Site, WeightLoader,
+};
+
+pub use config::LlamaConfig;
+
+struct Block {
+    input_norm: RmsNorm,
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    attention: SoftmaxAttention,
+    post_attention_norm: RmsNorm,
+    gate_proj: Linear,
+    up_proj: Linear,
+    down_proj: Linear,
+}
+
+/// A loaded Llama-family model.
+pub struct Llama {
+    layout: ModelLayout,
+    config: LlamaConfig,
+    activation: Activation,
+    rotary: Rotary,
+    embed_tokens: Embedding,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Linear,
+}
+
+impl Llama {
+    /// Builds the model from its config and weights.
+    pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<Self> {
+        let config: LlamaConfig = arch_config.parse()?;
+        config.check(arch_config)?;
+        let activation = Activation::from_hf_name(&config.hidden_act).ok_or_else(|| {
+            arch_config.unsupported(format!("hidden_act `{}`", config.hidden_act))
+        })?;
+        let (theta, scaling) = config.rope(arch_config)?;
+        let (h, heads, kv_heads, head_dim) = (
+            config.hidden_size,
+            config.num_attention_heads,
+            config.kv_heads(),
+            config.head_dim(),
+        );
+        let (qkv_bias, o_bias) = config.attention_biases();
+        let inner = config.intermediate_size;
+        let eps = config.rms_norm_eps;
+        let embed_tokens =
+            Embedding::load(loader, "model.embed_tokens.weight", config.vocab_size, h);
+        let blocks = (0..config.num_hidden_layers)
+            .map(|i| {
+                let name = |rest: &str| format!("model.layers.{i}.{rest}");
+                let linear = |loader: &mut WeightLoader<'_>, rest: &str, d_in, d_out, bias| {
+                    Linear::load_torch(loader, &name(rest), d_in, d_out, bias)
+                };
+                Block {
+                    input_norm: RmsNorm::load(loader, &name("input_layernorm"), h, eps),
+                    q_proj: linear(loader, "self_attn.q_proj", h, heads * head_dim, qkv_bias),
+                    k_proj: linear(loader, "self_attn.k_proj", h, kv_heads * head_dim, qkv_bias),
+                    v_proj: linear(loader, "self_attn.v_proj", h, kv_heads * head_dim, qkv_bias),
+                    o_proj: linear(loader, "self_attn.o_proj", heads * head_dim, h, o_bias),
+                    attention: SoftmaxAttention {
+                        heads,
+                        kv_heads,
+                        head_dim,
+                        scale: (head_dim as f64).powf(-0.5),
+                    },
+                    post_attention_norm: RmsNorm::load(
+                        loader,
+                        &name("post_attention_layernorm"),
+                        h,
+                        eps,
+                    ),
+                    gate_proj: linear(loader, "mlp.gate_proj", h, inner, config.mlp_bias),
+                    up_proj: linear(loader, "mlp.up_proj", h, inner, config.mlp_bias),
+                    down_proj: linear(loader, "mlp.down_proj", inner, h, config.mlp_bias),
+                }
+            })
+            .collect();
+        let norm = RmsNorm::load(loader, "model.norm", h, eps);
+        let lm_head = if config.tie_word_embeddings {
+            Linear::from_out_in(embed_tokens.table())
+        } else {
+            Linear::load_torch(loader, "lm_head", h, config.vocab_size, false)
+        };
+        let layer = LayerSpec {
+            mixer: MixerKind::SoftmaxAttention {
+                heads,
+                kv_heads,
+                head_dim,
+            },
+            has_mlp: true,
+        };
+        Ok(Llama {
+            layout: ModelLayout {
+                hidden: h,
+                vocab: config.vocab_size,
+                layers: vec![layer; config.num_hidden_layers],
+            },
+            rotary: Rotary::new(head_dim, theta, scaling),
+            config,
+            activation,
+            embed_tokens,
+            blocks,
+            norm,
+            lm_head,
+        })
+    }
+}
+
+impl CausalLm for Llama {
+    fn layout(&self) -> &ModelLayout {
+        &self.layout
+    }
+
+    fn max_positions(&self) -> Option<usize> {
+        // Rotary positions have no hard limit; scaled ropes are defined past the trained length.
+        None
+    }
+
+    fn new_cache(&self) -> ModelCache {
+        ModelCache::key_values(self.blocks.len())
+    }
+
+    fn forward(
+        &self,
+        input: &CallInput,
+        cache: &mut ModelCache,
+        hooks: &mut Hooks<'_>,
+    ) -> Result<Tensor<3>> {
+        let [batch, tokens] = input.input_ids.dims();
+        let head_dim = self.config.head_dim();
+        let embeddings = self.embed_tokens.forward(input.input_ids.clone());
+        let mut hidden = hooks.visit(Site::TokenEmbeddings, embeddings)?;
+        let (cos, sin) = self.rotary.cos_sin(&input.position_ids);
+        let split_heads = |x: Tensor<3>, heads: usize| -> Tensor<4> {
+            x.reshape([batch, tokens, heads, head_dim]).swap_dims(1, 2)
+        };
+        for (layer, block) in self.blocks.iter().enumerate() {
+            hidden = residual_block(
+                layer,
+                hidden,
+                hooks,
+                |hidden, hooks| {
+                    let x = block.input_norm.forward(hidden);
+                    let attention = &block.attention;
+                    let q = split_heads(block.q_proj.forward(x.clone()), attention.heads);
+                    let k = split_heads(block.k_proj.forward(x.clone()), attention.kv_heads);
+                    let v = split_heads(block.v_proj.forward(x), attention.kv_heads);
+                    let q = Rotary::apply(q, &cos, &sin);
+                    let k = Rotary::apply(k, &cos, &sin);
+                    let mask = &input.attention_mask;
+                    let mixed =
+                        attention.forward(layer, q, k, v, mask, cache.key_value(layer)?, hooks)?;
+                    Ok(block.o_proj.forward(mixed))
+                },
+                |hidden| {
+                    let x = block.post_attention_norm.forward(hidden);
+                    let gate = self.activation.forward(block.gate_proj.forward(x.clone()));
+                    block.down_proj.forward(gate * block.up_proj.forward(x))
+                },
+            )?;
+        }
+        Ok(self.lm_head.forward(self.norm.forward(hidden)))
+    }
+}
+
+hookscope_core::register_architecture!(
+    Llama,
+    name: "llama",
+    model_types: ["llama", "mistral", "qwen2"],
+    architectures: ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"],
+);
