@@ -34,30 +34,59 @@ fn layer_output(layer: usize) -> Site {
     Site::layer(layer, LayerSite::LayerOutput)
 }
 
-#[test]
-fn every_site_has_its_table_shape_at_every_step() {
-    let model = load_fixture("gpt2-tiny");
-    let batch = model.batch(vec![EIFFEL.to_vec()]).unwrap();
+/// Every site of every step has the shape the table declares, for a padded batch of two.
+fn assert_shape_table(fixture: &str, prompts: Vec<Vec<u32>>) {
+    let model = load_fixture(fixture);
+    let batch = model.batch(prompts).unwrap();
     let run = model
         .generate(&batch, &save_all(&model, Steps::All), &greedy(&model, 3))
         .unwrap();
     assert_eq!(run.steps, 3);
     for step in 0..3 {
-        let dims = CallDims::at_step(1, EIFFEL.len(), step);
+        let dims = CallDims::at_step(batch.batch_size(), batch.len(), step);
         for site in model.layout().call_order() {
             let value = run.saved.get(site, step).unwrap();
-            assert_eq!(
-                value.shape(),
-                model.layout().shape(site, dims),
-                "{site}@{step}"
-            );
+            let expected = model.layout().shape(site, dims);
+            assert_eq!(value.shape(), expected, "{fixture} {site}@{step}");
         }
     }
-    // The seed's numbers: keys grow with the cache, queries do not.
+}
+
+#[test]
+fn every_site_has_its_table_shape_at_every_step() {
+    assert_shape_table("gpt2-tiny", vec![EIFFEL.to_vec(), vec![15496]]);
+    // Grouped-query attention: 4 query heads share 1 key/value head of an explicit dim 12.
+    assert_shape_table(
+        "llama-gqa4-linear-headdim",
+        vec![vec![3, 1, 4, 1, 5], vec![9, 2]],
+    );
+    let model = load_fixture("llama-gqa4-linear-headdim");
+    let dims = CallDims::at_step(2, 5, 2);
+    let keys = Site::self_attn(0, MixerSite::AttentionKeys);
+    let queries = Site::self_attn(0, MixerSite::AttentionQueries);
+    assert_eq!(model.layout().shape(keys, dims), [2, 1, 7, 12]);
+    assert_eq!(model.layout().shape(queries, dims), [2, 4, 1, 12]);
+}
+
+#[test]
+fn the_seed_example_shapes_hold() {
+    let model = load_fixture("gpt2-tiny");
+    let batch = model.batch(vec![EIFFEL.to_vec()]).unwrap();
     let keys = Site::self_attn(1, MixerSite::AttentionKeys);
-    assert_eq!(run.saved.get(keys, 1).unwrap().shape(), [1, 4, 11, 8]);
     let pattern = Site::self_attn(1, MixerSite::AttentionProbabilities);
+    let out = layer_output(1);
+    let reads = Interventions::new()
+        .save(keys, Steps::At(1))
+        .save(pattern, Steps::At(2))
+        .save(out, Steps::All);
+    let run = model.generate(&batch, &reads, &greedy(&model, 3)).unwrap();
+    // Keys grow with the cache, queries do not.
+    assert_eq!(run.saved.get(keys, 1).unwrap().shape(), [1, 4, 11, 8]);
     assert_eq!(run.saved.get(pattern, 2).unwrap().shape(), [1, 4, 1, 12]);
+    let shapes: Vec<Vec<usize>> = (0..3)
+        .map(|s| run.saved.get(out, s).unwrap().shape())
+        .collect();
+    assert_eq!(shapes, [vec![1, 10, 32], vec![1, 1, 32], vec![1, 1, 32]]);
 }
 
 #[test]
