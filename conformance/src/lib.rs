@@ -5,6 +5,7 @@
 
 pub mod parity;
 pub mod reference;
+pub mod suite;
 
 // Links the built-in adapters so that their `inventory` registrations are present.
 use hookscope_arch_gpt2 as _;

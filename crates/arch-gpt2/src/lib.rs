@@ -107,7 +107,7 @@ impl Gpt2 {
         }
         let head_dim = h / heads;
         let inner = config.n_inner.unwrap_or(4 * h);
-        let prefix = if loader.checkpoint().contains("transformer.wte.weight") {
+        let prefix = if loader.contains("transformer.wte.weight") {
             "transformer."
         } else {
             ""
@@ -239,4 +239,6 @@ hookscope_core::register_architecture!(
     name: "gpt2",
     model_types: ["gpt2"],
     architectures: ["GPT2LMHeadModel", "GPT2Model"],
+    tiny_config: r#"{"model_type": "gpt2", "vocab_size": 61, "n_positions": 32, "n_embd": 16,
+        "n_layer": 2, "n_head": 2, "eos_token_id": 60}"#,
 );

@@ -191,4 +191,7 @@ hookscope_core::register_architecture!(
     name: "llama",
     model_types: ["llama", "mistral", "qwen2"],
     architectures: ["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"],
+    tiny_config: r#"{"model_type": "llama", "vocab_size": 61, "hidden_size": 16,
+        "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "max_position_embeddings": 64, "eos_token_id": 60}"#,
 );

@@ -33,25 +33,52 @@ enum Command {
     Archs,
     /// Time a forward trace with no hooks against one saving every site (JSON report).
     Bench(bench::BenchArgs),
+    /// Check every registered architecture against the contract (and transformers parity
+    /// where fixtures exist); exits non-zero on any failure.
+    Conformance {
+        /// Print the report as JSON.
+        #[arg(long)]
+        json: bool,
+        /// Folder of reference fixtures (default: the repository's `conformance/fixtures`).
+        #[arg(long)]
+        fixtures: Option<std::path::PathBuf>,
+    },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let result = match cli.command {
-        Command::Run(args) => run::run(&args),
-        Command::Sites(args) => sites::sites(&args),
-        Command::Bench(args) => bench::bench(&args),
+        Command::Run(args) => run::run(&args).map(|()| ExitCode::SUCCESS),
+        Command::Sites(args) => sites::sites(&args).map(|()| ExitCode::SUCCESS),
         Command::Archs => {
             archs();
-            Ok(())
+            Ok(ExitCode::SUCCESS)
         }
+        Command::Bench(args) => bench::bench(&args).map(|()| ExitCode::SUCCESS),
+        Command::Conformance { json, fixtures } => Ok(conformance(json, fixtures)),
     };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(error) => {
-            eprintln!("error: {error}");
-            ExitCode::FAILURE
-        }
+    result.unwrap_or_else(|error| {
+        eprintln!("error: {error}");
+        ExitCode::FAILURE
+    })
+}
+
+/// Runs the suite over every registered architecture; failure if any check fails.
+fn conformance(json: bool, fixtures: Option<std::path::PathBuf>) -> ExitCode {
+    let fixtures = fixtures.unwrap_or_else(hookscope_conformance::fixtures_dir);
+    let reports = hookscope_conformance::suite::run_all(&fixtures);
+    if json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&reports).unwrap_or_default()
+        );
+    } else {
+        println!("{}", hookscope_conformance::suite::table(&reports));
+    }
+    if reports.iter().all(|r| r.passed()) {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
     }
 }
 

@@ -177,3 +177,17 @@ fn seeded_sampling_from_the_command_line_is_reproducible() {
     assert!(first.status.success(), "{}", stderr(&first));
     assert_eq!(stdout(&first), stdout(&hookscope(&args)));
 }
+
+#[test]
+fn conformance_reports_every_architecture() {
+    let output = hookscope(&["conformance", "--json"]);
+    assert!(output.status.success(), "{}", stdout(&output));
+    let reports: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    let archs: Vec<&str> = reports
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|r| r["arch"].as_str().unwrap())
+        .collect();
+    assert_eq!(archs, ["gpt2", "llama"]);
+}

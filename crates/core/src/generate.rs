@@ -6,6 +6,7 @@ use crate::error::{Error, Result};
 use crate::hooks::{Interventions, Saved};
 use crate::input::Batch;
 use crate::model::Model;
+use crate::schema::Site;
 
 /// The result of [`Model::generate`].
 #[derive(Debug, Clone)]
@@ -20,6 +21,8 @@ pub struct Generation {
     pub prompt_len: usize,
     /// Calls made (= tokens appended): fewer than `max_new_tokens` when every row hit EOS.
     pub steps: usize,
+    /// Per step, the sites served in order (only from [`Model::generate_recording_order`]).
+    pub order: Vec<Vec<Site>>,
 }
 
 impl Generation {
@@ -43,6 +46,27 @@ impl Model {
         interventions: &Interventions,
         config: &GenerationConfig,
     ) -> Result<Generation> {
+        self.run_generation(batch, interventions, config, false)
+    }
+
+    /// Like [`Model::generate`], also recording the sites each call serves, in order (for the
+    /// conformance suite).
+    pub fn generate_recording_order(
+        &self,
+        batch: &Batch,
+        interventions: &Interventions,
+        config: &GenerationConfig,
+    ) -> Result<Generation> {
+        self.run_generation(batch, interventions, config, true)
+    }
+
+    fn run_generation(
+        &self,
+        batch: &Batch,
+        interventions: &Interventions,
+        config: &GenerationConfig,
+        record: bool,
+    ) -> Result<Generation> {
         config.validate()?;
         interventions.validate(self.layout())?;
         batch.validate()?;
@@ -56,6 +80,7 @@ impl Model {
         let mut cache = self.network().new_cache();
         let mut saved = Saved::default();
         let mut steps = 0;
+        let mut order = Vec::new();
         while steps < config.max_new_tokens && !ended.iter().all(|e| *e) {
             let fed: Vec<Vec<u32>> = if steps == 0 || !config.use_cache {
                 cache = self.network().new_cache();
@@ -65,6 +90,8 @@ impl Model {
                     .map(|row| row[row.len() - 1..].to_vec())
                     .collect()
             };
+            let mut served = Vec::new();
+            let recorder = record.then_some(&mut served);
             let (_, probs) = self.call(
                 steps,
                 &fed,
@@ -72,8 +99,11 @@ impl Model {
                 &mut cache,
                 interventions,
                 &mut saved,
-                None,
+                recorder,
             )?;
+            if record {
+                order.push(served);
+            }
             let probs = probs
                 .to_data()
                 .convert::<f32>()
@@ -97,6 +127,7 @@ impl Model {
             attention_mask: mask,
             prompt_len,
             steps,
+            order,
         })
     }
 }

@@ -7,7 +7,9 @@ use crate::decoding::GenerationConfig;
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Interventions, Saved};
 use crate::input::{Batch, CallInput, call_masks};
-use crate::loading::{LoadReport, ModelSource, WeightLoader};
+use std::path::PathBuf;
+
+use crate::loading::{ArchConfig, LoadReport, ModelSource, WeightLoader};
 use crate::registry::{self, Architecture};
 use crate::schema::{CallDims, ModelLayout, Site};
 use crate::tokenizer::Tokenizer;
@@ -87,6 +89,27 @@ impl Model {
             generation,
             device: device.clone(),
             load_report,
+        })
+    }
+
+    /// A model of `arch` built from its tiny config with seeded random weights: what the
+    /// conformance suite checks, with no checkpoint or tokenizer.
+    pub fn random(arch: &'static Architecture, seed: u64, device: &Device) -> Result<Model> {
+        let path = PathBuf::from(format!("<tiny:{}>/config.json", arch.name));
+        let json = serde_json::from_str(arch.tiny_config).map_err(|source| Error::Json {
+            path: path.clone(),
+            source,
+        })?;
+        let config = ArchConfig { path, json };
+        let mut loader = WeightLoader::random(seed, device);
+        let network = (arch.load)(&config, &mut loader)?;
+        Ok(Model {
+            arch,
+            network,
+            tokenizer: None,
+            generation: GenerationConfig::from_json(None, &config.json),
+            device: device.clone(),
+            load_report: loader.finish()?,
         })
     }
 

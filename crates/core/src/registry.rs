@@ -19,6 +19,9 @@ pub struct Architecture {
     pub architectures: &'static [&'static str],
     /// Builds the model.
     pub load: LoadFn,
+    /// `config.json` of a tiny model of this architecture, for the conformance suite (which
+    /// fills it with seeded random weights).
+    pub tiny_config: &'static str,
 }
 
 inventory::collect!(Architecture);
@@ -64,18 +67,19 @@ pub fn find(config: &ArchConfig) -> Result<&'static Architecture> {
 ///
 /// ```text
 /// hookscope_core::register_architecture!(Gpt2, name: "gpt2", model_types: ["gpt2"],
-///     architectures: ["GPT2LMHeadModel"]);
+///     architectures: ["GPT2LMHeadModel"], tiny_config: r#"{"model_type": "gpt2", ...}"#);
 /// ```
 #[macro_export]
 macro_rules! register_architecture {
     ($model:ty, name: $name:literal, model_types: [$($model_type:literal),* $(,)?],
-     architectures: [$($class:literal),* $(,)?] $(,)?) => {
+     architectures: [$($class:literal),* $(,)?], tiny_config: $tiny:expr $(,)?) => {
         $crate::inventory::submit! {
             $crate::Architecture {
                 name: $name,
                 model_types: &[$($model_type),*],
                 architectures: &[$($class),*],
                 load: |config, loader| Ok(Box::new(<$model>::load(config, loader)?)),
+                tiny_config: $tiny,
             }
         }
     };

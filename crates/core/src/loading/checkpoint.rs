@@ -184,10 +184,18 @@ impl Checkpoint {
     }
 }
 
+/// Where a [`WeightLoader`] takes its weights from.
+enum WeightSource<'a> {
+    /// A stored checkpoint.
+    Checkpoint(&'a Checkpoint),
+    /// Seeded pseudo-random values of whatever shape is asked for (conformance models).
+    Random { seed: u64 },
+}
+
 /// Loads weights into tensors, collecting every problem instead of stopping at the first, and
 /// reporting which stored weights were never used (like burn-store's `ApplyResult`).
 pub struct WeightLoader<'a> {
-    checkpoint: &'a Checkpoint,
+    source: WeightSource<'a>,
     device: Device,
     used: BTreeSet<String>,
     problems: Vec<String>,
@@ -204,10 +212,20 @@ pub struct LoadReport {
 }
 
 impl<'a> WeightLoader<'a> {
-    /// A loader placing tensors on `device`.
+    /// A loader reading `checkpoint`, placing tensors on `device`.
     pub fn new(checkpoint: &'a Checkpoint, device: &Device) -> Self {
+        WeightLoader::from_source(WeightSource::Checkpoint(checkpoint), device)
+    }
+
+    /// A loader inventing seeded random weights (uniform in ±0.2) for every name asked: a model
+    /// for structural checks, with no checkpoint.
+    pub fn random(seed: u64, device: &Device) -> WeightLoader<'static> {
+        WeightLoader::from_source(WeightSource::Random { seed }, device)
+    }
+
+    fn from_source(source: WeightSource<'a>, device: &Device) -> Self {
         WeightLoader {
-            checkpoint,
+            source,
             device: device.clone(),
             used: BTreeSet::new(),
             problems: Vec::new(),
@@ -215,15 +233,24 @@ impl<'a> WeightLoader<'a> {
         }
     }
 
-    /// The checkpoint being read.
-    pub fn checkpoint(&self) -> &Checkpoint {
-        self.checkpoint
+    /// Whether a weight of this name is available (always, for random weights).
+    pub fn contains(&self, name: &str) -> bool {
+        match &self.source {
+            WeightSource::Checkpoint(checkpoint) => checkpoint.contains(name),
+            WeightSource::Random { .. } => true,
+        }
     }
 
     /// The weight `name`, which must have `shape`. A missing or misshapen weight is recorded and
     /// a zero placeholder returned, so that [`WeightLoader::finish`] can list every problem.
     pub fn tensor<const D: usize>(&mut self, name: &str, shape: [usize; D]) -> Tensor<D> {
-        match self.checkpoint.read(name) {
+        let read = match &self.source {
+            WeightSource::Checkpoint(checkpoint) => checkpoint.read(name),
+            WeightSource::Random { seed } => {
+                Ok((random_values(*seed, name, &shape), shape.to_vec()))
+            }
+        };
+        match read {
             Ok((values, stored)) if stored == shape => {
                 self.used.insert(name.to_string());
                 self.parameters += values.len();
@@ -245,15 +272,17 @@ impl<'a> WeightLoader<'a> {
 
     /// Finishes loading: an error listing every problem, or a report of unused weights.
     pub fn finish(self) -> Result<LoadReport> {
+        let (origin, stored) = match &self.source {
+            WeightSource::Checkpoint(checkpoint) => (checkpoint.origin.clone(), checkpoint.names()),
+            WeightSource::Random { .. } => (PathBuf::from("<random weights>"), Vec::new()),
+        };
         if !self.problems.is_empty() {
             return Err(Error::Weights {
-                path: self.checkpoint.origin.clone(),
+                path: origin,
                 problems: self.problems,
             });
         }
-        let unused = self
-            .checkpoint
-            .names()
+        let unused = stored
             .into_iter()
             .filter(|name| !self.used.contains(*name))
             .map(str::to_string)
@@ -263,4 +292,16 @@ impl<'a> WeightLoader<'a> {
             parameters: self.parameters,
         })
     }
+}
+
+/// Deterministic values in ±0.2 for one named weight: the same name and seed give the same
+/// values on every run and machine.
+fn random_values(seed: u64, name: &str, shape: &[usize]) -> Vec<f32> {
+    let mut rng =
+        fastrand::Rng::with_seed(name.bytes().fold(seed ^ 0x9e37_79b9_7f4a_7c15, |h, b| {
+            h.rotate_left(5) ^ u64::from(b)
+        }));
+    (0..shape.iter().product::<usize>())
+        .map(|_| (rng.f32() - 0.5) * 0.4)
+        .collect()
 }

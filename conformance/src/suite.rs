@@ -1,0 +1,551 @@
+//! The conformance suite: contract checks written once and run against every registered
+//! adapter, on a tiny model of it with seeded random weights (no fixture needed), plus parity
+//! with `transformers` wherever reference fixtures exist.
+
+use std::collections::BTreeMap;
+use std::path::Path;
+
+use hookscope_core::burn::tensor::Device;
+use hookscope_core::decoding::argmax;
+use hookscope_core::schema::{CallDims, MixerKind};
+use hookscope_core::{
+    Architecture, Decoding, Generation, GenerationConfig, Interventions, LayerSite, MixerSite,
+    Model, Site, SiteValue, Steps,
+};
+use serde::Serialize;
+
+use crate::parity::{all_sites, check_generation, check_prompt_call};
+
+/// Decode steps after the prompt call.
+const STEPS: usize = 4;
+/// Tolerance of the numerical checks (f32).
+const TOLERANCE: f32 = 1e-4;
+/// Seed of the random weights.
+const SEED: u64 = 7;
+
+/// One check's outcome for one architecture.
+#[derive(Debug, Clone, Serialize)]
+pub struct CheckOutcome {
+    /// The check's name.
+    pub check: &'static str,
+    /// `pass`, `fail` or `n/a`.
+    pub status: &'static str,
+    /// For a failure: the first differing value, or the error.
+    pub detail: String,
+}
+
+/// Every check's outcome for one architecture.
+#[derive(Debug, Clone, Serialize)]
+pub struct ArchReport {
+    /// The architecture's registered name.
+    pub arch: &'static str,
+    /// The outcomes, in suite order.
+    pub checks: Vec<CheckOutcome>,
+}
+
+impl ArchReport {
+    /// Whether no check failed.
+    pub fn passed(&self) -> bool {
+        self.checks.iter().all(|c| c.status != "fail")
+    }
+}
+
+type CheckResult = Result<Option<()>, String>;
+
+/// Runs every check against every statically registered architecture.
+pub fn run_all(fixtures: &Path) -> Vec<ArchReport> {
+    hookscope_core::registry::registered()
+        .into_iter()
+        .map(|arch| run(arch, fixtures))
+        .collect()
+}
+
+/// Runs every check against one architecture.
+pub fn run(arch: &'static Architecture, fixtures: &Path) -> ArchReport {
+    let mut checks = Vec::new();
+    let mut record = |check: &'static str, result: CheckResult| {
+        let (status, detail) = match result {
+            Ok(Some(())) => ("pass", String::new()),
+            Ok(None) => ("n/a", String::new()),
+            Err(detail) => ("fail", detail),
+        };
+        checks.push(CheckOutcome {
+            check,
+            status,
+            detail,
+        });
+    };
+    match Subject::new(arch) {
+        Err(error) => record("loads", Err(error)),
+        Ok(subject) => {
+            record("loads", Ok(Some(())));
+            record("sites served once", subject.served_once());
+            record("contract order", subject.contract_order());
+            record("shape table", subject.shape_table());
+            record("cache grows", subject.cache_grows());
+            record("state carried", subject.state_carried());
+            record("next_token_probs", subject.next_token_probs());
+            record("attention probabilities", subject.attention_probabilities());
+            record("residual write at step k", subject.residual_write());
+            record("padded batch", subject.padded_batch());
+            record("cache = recompute", subject.cache_equals_recompute());
+        }
+    }
+    record("transformers parity", parity(arch, fixtures));
+    ArchReport {
+        arch: arch.name,
+        checks,
+    }
+}
+
+/// A Markdown-style table: architecture × check.
+pub fn table(reports: &[ArchReport]) -> String {
+    let Some(first) = reports.first() else {
+        return "no architectures registered\n".into();
+    };
+    let mut out = format!(
+        "| arch | {} |\n|---|{}\n",
+        first
+            .checks
+            .iter()
+            .map(|c| c.check)
+            .collect::<Vec<_>>()
+            .join(" | "),
+        "---|".repeat(first.checks.len())
+    );
+    for report in reports {
+        let cells: Vec<&str> = report.checks.iter().map(|c| c.status).collect();
+        out += &format!("| {} | {} |\n", report.arch, cells.join(" | "));
+    }
+    for report in reports {
+        for check in report.checks.iter().filter(|c| c.status == "fail") {
+            out += &format!("\n{} / {}: {}", report.arch, check.check, check.detail);
+        }
+    }
+    out
+}
+
+/// A tiny random model of one architecture and the runs the checks share.
+struct Subject {
+    model: Model,
+    prompts: Vec<Vec<u32>>,
+    config: GenerationConfig,
+    /// Every site saved at every step of a recorded generation of both prompts, padded.
+    batch_run: Generation,
+}
+
+fn error(e: hookscope_core::Error) -> String {
+    e.to_string()
+}
+
+fn floats(value: &SiteValue) -> Result<Vec<f32>, String> {
+    value
+        .to_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .map_err(|e| format!("{e:?}"))
+}
+
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    if a.len() != b.len() {
+        return f32::INFINITY;
+    }
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| if x == y { 0.0 } else { (x - y).abs() })
+        .fold(0.0, f32::max)
+}
+
+fn save_all(model: &Model) -> Interventions {
+    model
+        .layout()
+        .call_order()
+        .into_iter()
+        .fold(Interventions::new(), |acc, site| acc.save(site, Steps::All))
+}
+
+impl Subject {
+    fn new(arch: &'static Architecture) -> Result<Subject, String> {
+        let model = Model::random(arch, SEED, &Device::default()).map_err(error)?;
+        let vocab = model.layout().vocab as u32;
+        let prompts = vec![
+            (0..6).map(|i| (i * 7 + 3) % vocab).collect(),
+            (0..3).map(|i| (i * 5 + 1) % vocab).collect(),
+        ];
+        let mut config = model.generation_config().clone();
+        config.decoding = Decoding::Greedy;
+        config.max_new_tokens = STEPS;
+        config.eos_token_ids.clear();
+        let batch = model.batch(prompts.clone()).map_err(error)?;
+        let batch_run = model
+            .generate_recording_order(&batch, &save_all(&model), &config)
+            .map_err(error)?;
+        Ok(Subject {
+            model,
+            prompts,
+            config,
+            batch_run,
+        })
+    }
+
+    fn saved(&self, run: &Generation, site: Site, step: usize) -> Result<Vec<f32>, String> {
+        let value = run
+            .saved
+            .get(site, step)
+            .ok_or_else(|| format!("{site}@{step} was not served"))?;
+        floats(value)
+    }
+
+    fn served_once(&self) -> CheckResult {
+        let declared = self.model.layout().call_order();
+        for (step, served) in self.batch_run.order.iter().enumerate() {
+            let mut counts: BTreeMap<Site, i64> = BTreeMap::new();
+            for site in served {
+                *counts.entry(*site).or_default() += 1;
+            }
+            for site in &declared {
+                *counts.entry(*site).or_default() -= 1;
+            }
+            if let Some((site, n)) = counts.iter().find(|(_, n)| **n != 0) {
+                let what = if *n > 0 {
+                    "served undeclared or twice"
+                } else {
+                    "declared, not served"
+                };
+                return Err(format!("step {step}: `{site}` {what}"));
+            }
+        }
+        Ok(Some(()))
+    }
+
+    fn contract_order(&self) -> CheckResult {
+        let declared = self.model.layout().call_order();
+        for (step, served) in self.batch_run.order.iter().enumerate() {
+            if let Some(i) =
+                (0..declared.len().max(served.len())).find(|i| declared.get(*i) != served.get(*i))
+            {
+                let name = |s: Option<&Site>| s.map_or("nothing".into(), ToString::to_string);
+                return Err(format!(
+                    "step {step}, position {i}: served `{}`, the declaration says `{}`",
+                    name(served.get(i)),
+                    name(declared.get(i))
+                ));
+            }
+        }
+        Ok(Some(()))
+    }
+
+    fn shape_table(&self) -> CheckResult {
+        let layout = self.model.layout();
+        let len = self.batch_run.prompt_len;
+        for step in 0..self.batch_run.steps {
+            let dims = CallDims::at_step(self.prompts.len(), len, step);
+            for site in layout.call_order() {
+                let got = self
+                    .batch_run
+                    .saved
+                    .get(site, step)
+                    .map(SiteValue::shape)
+                    .ok_or_else(|| format!("{site}@{step} was not served"))?;
+                let expected = layout.shape(site, dims);
+                if got != expected {
+                    return Err(format!(
+                        "{site}@{step}: shape {got:?}, the table says {} = {expected:?}",
+                        layout.symbolic_shape(site)
+                    ));
+                }
+            }
+        }
+        Ok(Some(()))
+    }
+
+    fn attention_layers(&self) -> Vec<usize> {
+        let layers = &self.model.layout().layers;
+        (0..layers.len())
+            .filter(|i| matches!(layers[*i].mixer, MixerKind::SoftmaxAttention { .. }))
+            .collect()
+    }
+
+    fn cache_grows(&self) -> CheckResult {
+        let layers = self.attention_layers();
+        if layers.is_empty() {
+            return Ok(None);
+        }
+        for layer in layers {
+            let site = Site::self_attn(layer, MixerSite::AttentionKeys);
+            for step in 1..self.batch_run.steps {
+                let before = self.saved(&self.batch_run, site, step - 1)?;
+                let after = self.saved(&self.batch_run, site, step)?;
+                // [B, NKV, S, D]: every (b, head) block of S rows gains one row at the end.
+                let shape = self.batch_run.saved.get(site, step).map(SiteValue::shape);
+                let Some([b, heads, positions, dim]) =
+                    shape.as_deref().map(|s| [s[0], s[1], s[2], s[3]])
+                else {
+                    return Err(format!("{site}@{step}: not rank 4"));
+                };
+                if before.len() != b * heads * (positions - 1) * dim {
+                    return Err(format!(
+                        "{site}@{step}: {positions} positions after step {} had {}",
+                        step - 1,
+                        before.len() / (b * heads * dim).max(1)
+                    ));
+                }
+                for block in 0..b * heads {
+                    let old =
+                        &before[block * (positions - 1) * dim..(block + 1) * (positions - 1) * dim];
+                    let new = &after[block * positions * dim..block * positions * dim + old.len()];
+                    if old != new {
+                        return Err(format!("{site}@{step}: earlier positions changed"));
+                    }
+                }
+            }
+        }
+        Ok(Some(()))
+    }
+
+    fn state_carried(&self) -> CheckResult {
+        let layout = self.model.layout();
+        let recurrent: Vec<(Site, Site)> = layout
+            .call_order()
+            .into_iter()
+            .filter_map(|site| match site {
+                Site::Layer {
+                    layer,
+                    site: LayerSite::Mixer(namespace, MixerSite::StateInput),
+                } => Some((
+                    site,
+                    Site::layer(layer, LayerSite::Mixer(namespace, MixerSite::StateOutput)),
+                )),
+                _ => None,
+            })
+            .collect();
+        if recurrent.is_empty() {
+            return Ok(None);
+        }
+        for (input, output) in recurrent {
+            let first = self.saved(&self.batch_run, input, 0)?;
+            if first.iter().any(|x| *x != 0.0) {
+                return Err(format!("{input}@0 is not zero"));
+            }
+            for step in 1..self.batch_run.steps {
+                let carried = self.saved(&self.batch_run, output, step - 1)?;
+                let received = self.saved(&self.batch_run, input, step)?;
+                if carried != received {
+                    return Err(format!("{input}@{step} differs from {output}@{}", step - 1));
+                }
+            }
+        }
+        Ok(Some(()))
+    }
+
+    fn next_token_probs(&self) -> CheckResult {
+        let vocab = self.model.layout().vocab;
+        for step in 0..self.batch_run.steps {
+            let probs = self.saved(&self.batch_run, Site::NextTokenProbs, step)?;
+            for (row, dist) in probs.chunks(vocab).enumerate() {
+                let sum: f32 = dist.iter().sum();
+                if (sum - 1.0).abs() > TOLERANCE {
+                    return Err(format!("step {step} row {row}: sums to {sum}"));
+                }
+                let appended = self.batch_run.new_tokens(row)[step];
+                if argmax(dist) != appended {
+                    return Err(format!(
+                        "step {step} row {row}: argmax {} but appended {appended}",
+                        argmax(dist)
+                    ));
+                }
+            }
+        }
+        Ok(Some(()))
+    }
+
+    fn attention_probabilities(&self) -> CheckResult {
+        let Some(&layer) = self.attention_layers().first() else {
+            return Ok(None);
+        };
+        let site = Site::self_attn(layer, MixerSite::AttentionProbabilities);
+        for step in 0..self.batch_run.steps {
+            let shape = self
+                .batch_run
+                .saved
+                .get(site, step)
+                .map(SiteValue::shape)
+                .unwrap_or_default();
+            let positions = shape.last().copied().unwrap_or(1);
+            for (row, probs) in self
+                .saved(&self.batch_run, site, step)?
+                .chunks(positions)
+                .enumerate()
+            {
+                let sum: f32 = probs.iter().sum();
+                if (sum - 1.0).abs() > TOLERANCE {
+                    return Err(format!("{site}@{step}, row {row}: sums to {sum}"));
+                }
+            }
+        }
+        let batch = self
+            .model
+            .batch(vec![self.prompts[0].clone()])
+            .map_err(error)?;
+        let logits = |interventions: Interventions| -> Result<Vec<f32>, String> {
+            let trace = self
+                .model
+                .trace(&batch, &interventions.save(Site::Logits, Steps::At(0)))
+                .map_err(error)?;
+            floats(trace.saved.get(Site::Logits, 0).ok_or("no logits")?)
+        };
+        let plain = logits(Interventions::new())?;
+        let written = logits(Interventions::new().zero(site, Steps::At(0)))?;
+        if max_diff(&plain, &written) == 0.0 {
+            return Err(format!("zeroing {site} left the logits unchanged"));
+        }
+        Ok(Some(()))
+    }
+
+    fn residual_write(&self) -> CheckResult {
+        let layout = self.model.layout();
+        let site = Site::layer(layout.layers.len() / 2, LayerSite::LayerOutput);
+        let k = 2;
+        let batch = self
+            .model
+            .batch(vec![self.prompts[0].clone()])
+            .map_err(error)?;
+        let reads = save_all(&self.model);
+        let plain = self
+            .model
+            .generate(&batch, &reads, &self.config)
+            .map_err(error)?;
+        let edited = self
+            .model
+            .generate(
+                &batch,
+                &reads.clone().zero(site, Steps::At(k)),
+                &self.config,
+            )
+            .map_err(error)?;
+        for step in 0..k {
+            for s in layout.call_order() {
+                if self.saved(&plain, s, step)? != self.saved(&edited, s, step)? {
+                    return Err(format!("writing {site}@{k} changed {s}@{step}"));
+                }
+            }
+        }
+        let a = self.saved(&plain, Site::Logits, k)?;
+        let b = self.saved(&edited, Site::Logits, k)?;
+        if max_diff(&a, &b) == 0.0 {
+            return Err(format!(
+                "zeroing {site}@{k} left step {k}'s logits unchanged"
+            ));
+        }
+        Ok(Some(()))
+    }
+
+    fn padded_batch(&self) -> CheckResult {
+        let layout = self.model.layout();
+        let last = Site::layer(layout.layers.len() - 1, LayerSite::LayerOutput);
+        let reads = Interventions::new()
+            .save(last, Steps::All)
+            .save(Site::NextTokenProbs, Steps::All);
+        let len = self.batch_run.prompt_len;
+        for (row, prompt) in self.prompts.iter().enumerate() {
+            let batch = self.model.batch(vec![prompt.clone()]).map_err(error)?;
+            let alone = self
+                .model
+                .generate(&batch, &reads, &self.config)
+                .map_err(error)?;
+            if alone.new_tokens(0) != self.batch_run.new_tokens(row) {
+                return Err(format!(
+                    "row {row}: tokens {:?} alone, {:?} in the batch",
+                    alone.new_tokens(0),
+                    self.batch_run.new_tokens(row)
+                ));
+            }
+            for step in 0..alone.steps {
+                let together = self.saved(&self.batch_run, last, step)?;
+                let single = self.saved(&alone, last, step)?;
+                let per_row = together.len() / self.prompts.len();
+                let hidden = layout.hidden;
+                let tokens = per_row / hidden;
+                let pad = if step == 0 { len - prompt.len() } else { 0 };
+                let real = &together[row * per_row + pad * hidden..row * per_row + tokens * hidden];
+                let diff = max_diff(real, &single);
+                if diff > TOLERANCE {
+                    return Err(format!("{last}@{step}, row {row}: max |diff| {diff:e}"));
+                }
+            }
+        }
+        Ok(Some(()))
+    }
+
+    fn cache_equals_recompute(&self) -> CheckResult {
+        let batch = self.model.batch(self.prompts.clone()).map_err(error)?;
+        let reads = Interventions::new().save(Site::NextTokenProbs, Steps::All);
+        let mut recompute = self.config.clone();
+        recompute.use_cache = false;
+        let cached = self
+            .model
+            .generate(&batch, &reads, &self.config)
+            .map_err(error)?;
+        let full = self
+            .model
+            .generate(&batch, &reads, &recompute)
+            .map_err(error)?;
+        if cached.output_ids != full.output_ids {
+            return Err(format!(
+                "tokens {:?} cached, {:?} recomputed",
+                cached.output_ids, full.output_ids
+            ));
+        }
+        for step in 0..cached.steps {
+            let a = self.saved(&cached, Site::NextTokenProbs, step)?;
+            let b = self.saved(&full, Site::NextTokenProbs, step)?;
+            let diff = max_diff(&a, &b);
+            if diff > TOLERANCE {
+                return Err(format!("next_token_probs@{step}: max |diff| {diff:e}"));
+            }
+        }
+        Ok(Some(()))
+    }
+}
+
+/// Parity with `transformers` on every fixture in `fixtures` whose `model_type` this
+/// architecture serves; not applicable where there is none.
+fn parity(arch: &'static Architecture, fixtures: &Path) -> CheckResult {
+    let Ok(entries) = std::fs::read_dir(fixtures) else {
+        return Ok(None);
+    };
+    let mut dirs: Vec<_> = entries
+        .filter_map(|e| e.ok().map(|e| e.path()))
+        .filter(|dir| dir.join("reference.safetensors").is_file())
+        .filter(|dir| {
+            std::fs::read_to_string(dir.join("config.json"))
+                .ok()
+                .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
+                .and_then(|config| config.get("model_type")?.as_str().map(str::to_string))
+                .is_some_and(|model_type| arch.model_types.contains(&model_type.as_str()))
+        })
+        .collect();
+    dirs.sort();
+    if dirs.is_empty() {
+        return Ok(None);
+    }
+    for dir in dirs {
+        let name = dir
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
+        for report in [
+            check_prompt_call(&dir, f64::from(TOLERANCE), all_sites),
+            check_generation(&dir, f64::from(TOLERANCE)),
+        ] {
+            let report = report.map_err(|e| format!("{name}: {e}"))?;
+            if let Some(first) = report.mismatches.first() {
+                return Err(format!(
+                    "{name}: {first} ({} mismatches)",
+                    report.mismatches.len()
+                ));
+            }
+        }
+    }
+    Ok(Some(()))
+}
