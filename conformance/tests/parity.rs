@@ -125,3 +125,19 @@ fn llama_family_generation_matches_transformers_at_every_step() {
         assert_generation_parity(fixture, |_| false);
     }
 }
+
+const MAMBA_FIXTURES: [&str; 2] = ["mamba-tied", "mamba-untied-bias"];
+
+#[test]
+fn mamba_matches_transformers_at_every_site() {
+    for fixture in MAMBA_FIXTURES {
+        assert_parity(fixture, &[]);
+    }
+}
+
+#[test]
+fn mamba_generation_matches_transformers_at_every_step() {
+    for fixture in MAMBA_FIXTURES {
+        assert_generation_parity(fixture, |_| false);
+    }
+}

@@ -183,7 +183,7 @@ impl CausalLm for Gpt2 {
     }
 
     fn new_cache(&self) -> ModelCache {
-        ModelCache::key_values(self.blocks.len())
+        ModelCache::for_layout(&self.layout)
     }
 
     fn forward(
@@ -224,10 +224,10 @@ impl CausalLm for Gpt2 {
                     )?;
                     Ok(block.c_proj.forward(mixed))
                 },
-                |hidden| {
+                Some(|hidden| {
                     let inner = block.c_fc.forward(block.ln_2.forward(hidden));
                     block.mlp_proj.forward(self.activation.forward(inner))
-                },
+                }),
             )?;
         }
         Ok(self.lm_head.forward(self.ln_f.forward(hidden)))

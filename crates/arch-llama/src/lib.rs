@@ -140,7 +140,7 @@ impl CausalLm for Llama {
     }
 
     fn new_cache(&self) -> ModelCache {
-        ModelCache::key_values(self.blocks.len())
+        ModelCache::for_layout(&self.layout)
     }
 
     fn forward(
@@ -175,11 +175,11 @@ impl CausalLm for Llama {
                         attention.forward(layer, q, k, v, mask, cache.key_value(layer)?, hooks)?;
                     Ok(block.o_proj.forward(mixed))
                 },
-                |hidden| {
+                Some(|hidden| {
                     let x = block.post_attention_norm.forward(hidden);
                     let gate = self.activation.forward(block.gate_proj.forward(x.clone()));
                     block.down_proj.forward(gate * block.up_proj.forward(x))
-                },
+                }),
             )?;
         }
         Ok(self.lm_head.forward(self.norm.forward(hidden)))

@@ -14,6 +14,7 @@ use hookscope_core::{Model, ModelSource};
 // Built-in architectures: linking each crate is what registers it.
 use hookscope_arch_gpt2 as _;
 use hookscope_arch_llama as _;
+use hookscope_arch_mamba as _;
 
 /// Read and write the internals of language models under one standard set of site names.
 #[derive(Debug, Parser)]

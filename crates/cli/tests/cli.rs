@@ -189,5 +189,5 @@ fn conformance_reports_every_architecture() {
         .iter()
         .map(|r| r["arch"].as_str().unwrap())
         .collect();
-    assert_eq!(archs, ["gpt2", "llama"]);
+    assert_eq!(archs, ["gpt2", "llama", "mamba"]);
 }

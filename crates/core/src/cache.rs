@@ -4,6 +4,8 @@
 use burn::tensor::Tensor;
 
 use crate::error::{Error, Result};
+use crate::hooks::SiteValue;
+use crate::schema::{MixerKind, ModelLayout};
 
 /// The keys and values an attention layer has seen so far, `[B, NKV, S, D]` each.
 #[derive(Debug, Clone, Default)]
@@ -29,11 +31,23 @@ impl KvCache {
     }
 }
 
+/// A recurrent mixer's carried state: its causal-convolution window and its state (the SSM
+/// or delta-rule state, whose rank depends on the mixer).
+#[derive(Debug, Clone, Default)]
+pub struct RecurrentState {
+    /// The last inputs of the causal convolution, `[B, channels, kernel]`.
+    pub conv: Option<Tensor<3>>,
+    /// The recurrent state after the last call.
+    pub state: Option<SiteValue>,
+}
+
 /// One layer's carried state.
 #[derive(Debug, Clone)]
 pub enum LayerState {
     /// Softmax attention's key/value cache.
     KeyValue(KvCache),
+    /// A recurrent mixer's state (Mamba-1, Mamba-2, Gated DeltaNet).
+    Recurrent(RecurrentState),
 }
 
 /// The carried state of every layer of one model, for one batch.
@@ -48,21 +62,37 @@ impl ModelCache {
         ModelCache { layers }
     }
 
-    /// An empty key/value cache for each of `layers` attention layers.
-    pub fn key_values(layers: usize) -> Self {
+    /// Empty state for every layer of a declared layout: a key/value cache for attention
+    /// layers, recurrent state for the others.
+    pub fn for_layout(layout: &ModelLayout) -> Self {
         ModelCache::new(
-            (0..layers)
-                .map(|_| LayerState::KeyValue(KvCache::default()))
+            layout
+                .layers
+                .iter()
+                .map(|layer| match layer.mixer {
+                    MixerKind::SoftmaxAttention { .. } => LayerState::KeyValue(KvCache::default()),
+                    _ => LayerState::Recurrent(RecurrentState::default()),
+                })
                 .collect(),
         )
+    }
+
+    /// Layer `layer`'s recurrent state.
+    pub fn recurrent(&mut self, layer: usize) -> Result<&mut RecurrentState> {
+        match self.layers.get_mut(layer) {
+            Some(LayerState::Recurrent(state)) => Ok(state),
+            _ => Err(Error::InvalidInput(format!(
+                "layer {layer} carries no recurrent state"
+            ))),
+        }
     }
 
     /// Layer `layer`'s key/value cache.
     pub fn key_value(&mut self, layer: usize) -> Result<&mut KvCache> {
         match self.layers.get_mut(layer) {
             Some(LayerState::KeyValue(cache)) => Ok(cache),
-            None => Err(Error::InvalidInput(format!(
-                "the cache has no layer {layer}"
+            _ => Err(Error::InvalidInput(format!(
+                "layer {layer} carries no key/value cache"
             ))),
         }
     }

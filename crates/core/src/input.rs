@@ -83,6 +83,9 @@ pub struct CallInput {
     pub position_ids: Tensor<2, Int>,
     /// `[B, 1, T, S]`, true where a query must not see a key (future or padding).
     pub attention_mask: Tensor<4, Bool>,
+    /// `[B, T]`: 1.0 at this call's real tokens, 0.0 at padding (recurrent mixers zero their
+    /// inputs there).
+    pub token_mask: Tensor<2>,
     /// `B`, `T`, `S` of this call.
     pub dims: CallDims,
 }
@@ -97,13 +100,15 @@ pub(crate) fn call_masks(
     key_mask: &[Vec<bool>],
     tokens: usize,
     device: &Device,
-) -> (Tensor<2, Int>, Tensor<4, Bool>) {
+) -> (Tensor<2, Int>, Tensor<4, Bool>, Tensor<2>) {
     let batch = key_mask.len();
     let positions = key_mask.first().map_or(0, Vec::len);
     let past = positions - tokens;
     let mut position_ids = Vec::with_capacity(batch * tokens);
     let mut masked = Vec::with_capacity(batch * tokens * positions);
+    let mut real_tokens = Vec::with_capacity(batch * tokens);
     for row in key_mask {
+        real_tokens.extend(row[past..].iter().map(|real| f32::from(u8::from(*real))));
         let mut seen: i64 = 0;
         let mut row_positions = Vec::with_capacity(positions);
         for real in row {
@@ -121,7 +126,8 @@ pub(crate) fn call_masks(
         TensorData::new(masked, [batch, 1, tokens, positions]),
         device,
     );
-    (position_ids, mask)
+    let token_mask = Tensor::from_data(TensorData::new(real_tokens, [batch, tokens]), device);
+    (position_ids, mask, token_mask)
 }
 
 #[cfg(test)]
@@ -133,7 +139,11 @@ mod tests {
         let batch = Batch::left_padded(vec![vec![5, 6, 7], vec![8]], 0).unwrap();
         assert_eq!(batch.ids, [vec![5, 6, 7], vec![0, 0, 8]]);
         assert_eq!(batch.mask, [vec![true; 3], vec![false, false, true]]);
-        let (positions, mask) = call_masks(&batch.mask, 3, &Device::default());
+        let (positions, mask, real) = call_masks(&batch.mask, 3, &Device::default());
+        assert_eq!(
+            real.to_data().try_to_vec::<f32>().unwrap(),
+            [1.0, 1.0, 1.0, 0.0, 0.0, 1.0]
+        );
         assert_eq!(
             positions
                 .to_data()

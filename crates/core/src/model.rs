@@ -252,11 +252,12 @@ impl Model {
         let input_ids: Tensor<2, Int> =
             Tensor::from_data(TensorData::new(flat, [batch, tokens]), &self.device);
         let input_ids = hooks.visit(Site::InputIds, input_ids)?;
-        let (position_ids, attention_mask) = call_masks(key_mask, tokens, &self.device);
+        let (position_ids, attention_mask, token_mask) = call_masks(key_mask, tokens, &self.device);
         let input = CallInput {
             input_ids,
             position_ids,
             attention_mask,
+            token_mask,
             dims: CallDims {
                 batch,
                 tokens,

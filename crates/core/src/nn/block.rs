@@ -7,21 +7,24 @@ use crate::error::Result;
 use crate::hooks::Hooks;
 use crate::schema::{LayerSite, Site};
 
-/// `h + mixer(h)`, then `h + mlp(h)`, serving `layer_input`, `attention_output`, `mlp_output`
-/// and `layer_output` of `layer`. The closures apply their own norms; the mixer serves its
-/// interior sites itself.
-pub fn residual_block(
+/// `h + mixer(h)`, then, if the block has one, `h + mlp(h)`, serving `layer_input`,
+/// `attention_output`, `mlp_output` and `layer_output` of `layer`. The closures apply their own
+/// norms; the mixer serves its interior sites itself.
+pub fn residual_block<Mlp: FnOnce(Tensor<3>) -> Tensor<3>>(
     layer: usize,
     hidden: Tensor<3>,
     hooks: &mut Hooks<'_>,
     mixer: impl FnOnce(Tensor<3>, &mut Hooks<'_>) -> Result<Tensor<3>>,
-    mlp: impl FnOnce(Tensor<3>) -> Tensor<3>,
+    mlp: Option<Mlp>,
 ) -> Result<Tensor<3>> {
     let site = |site| Site::layer(layer, site);
     let hidden = hooks.visit(site(LayerSite::LayerInput), hidden)?;
     let mixed = mixer(hidden.clone(), hooks)?;
     let attention_output = hooks.visit(site(LayerSite::AttentionOutput), mixed)?;
-    let hidden = hidden + attention_output;
-    let mlp_output = hooks.visit(site(LayerSite::MlpOutput), mlp(hidden.clone()))?;
-    hooks.visit(site(LayerSite::LayerOutput), hidden + mlp_output)
+    let mut hidden = hidden + attention_output;
+    if let Some(mlp) = mlp {
+        let mlp_output = hooks.visit(site(LayerSite::MlpOutput), mlp(hidden.clone()))?;
+        hidden = hidden + mlp_output;
+    }
+    hooks.visit(site(LayerSite::LayerOutput), hidden)
 }

@@ -3,6 +3,7 @@
 mod activation;
 mod attention;
 mod block;
+mod conv;
 mod embedding;
 mod linear;
 mod norm;
@@ -11,6 +12,7 @@ mod rotary;
 pub use activation::Activation;
 pub use attention::SoftmaxAttention;
 pub use block::residual_block;
+pub use conv::CausalConv1d;
 pub use embedding::Embedding;
 pub use linear::Linear;
 pub use norm::{LayerNorm, RmsNorm};

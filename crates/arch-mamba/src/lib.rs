@@ -1,0 +1,316 @@
+//! # Mamba
+//!
+//! "Mamba: Linear-Time Sequence Modeling with Selective State Spaces" (Gu & Dao, 2023): blocks
+//! of RMSNorm and a selective-scan mixer, no MLP. `MambaForCausalLM` as `transformers` 5.x
+//! stores it (`backbone.embeddings`, `backbone.layers.{i}.mixer.*`, `backbone.norm_f`, the head
+//! tied unless `lm_head.weight` is stored).
+//!
+//! Mixer sites (`layers.{i}.self_attn.*`, alias `mixer`): `state_input`, `state_output`, then
+//! `attention_head_outputs` (the scan output `y` with the `D` skip, before the `silu(z)` gate).
+//! The prompt call scans its tokens one by one (linear in the prompt length); a decode step is
+//! one update. Both carry the convolution window and the SSM state in the cache.
+
+use hookscope_core::burn::tensor::{Tensor, activation};
+use hookscope_core::cache::ModelCache;
+use hookscope_core::nn::{Activation, CausalConv1d, Embedding, Linear, RmsNorm, residual_block};
+use hookscope_core::schema::{LayerSpec, MixerKind};
+use hookscope_core::{
+    ArchConfig, CallInput, CausalLm, Hooks, MixerSite, ModelLayout, Result, Site, SiteValue,
+    WeightLoader,
+};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// `config.json` of a Mamba checkpoint (the fields the forward pass depends on).
+#[derive(Debug, Clone, Deserialize)]
+pub struct MambaConfig {
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Hidden size.
+    pub hidden_size: usize,
+    /// SSM state size (`N`).
+    pub state_size: usize,
+    /// Blocks.
+    pub num_hidden_layers: usize,
+    /// RMSNorm epsilon.
+    #[serde(default = "default_eps")]
+    pub layer_norm_epsilon: f64,
+    /// Inner size factor (`E = expand * hidden_size`).
+    #[serde(default = "default_expand")]
+    pub expand: usize,
+    /// Explicit inner size (transformers writes it).
+    #[serde(default)]
+    pub intermediate_size: Option<usize>,
+    /// Convolution width.
+    #[serde(default = "default_kernel")]
+    pub conv_kernel: usize,
+    /// Biases on in/out projections.
+    #[serde(default)]
+    pub use_bias: bool,
+    /// Bias on the convolution.
+    #[serde(default = "default_true")]
+    pub use_conv_bias: bool,
+    /// Mixer activation.
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+    /// Rank of the time-step projection, or `"auto"` (`ceil(hidden_size / 16)`).
+    #[serde(default)]
+    pub time_step_rank: Option<Value>,
+    /// Whether the head shares the embedding table.
+    #[serde(default = "default_true")]
+    pub tie_word_embeddings: bool,
+}
+
+fn default_eps() -> f64 {
+    1e-5
+}
+fn default_expand() -> usize {
+    2
+}
+fn default_kernel() -> usize {
+    4
+}
+fn default_true() -> bool {
+    true
+}
+fn default_act() -> String {
+    "silu".into()
+}
+
+impl MambaConfig {
+    fn inner(&self) -> usize {
+        self.intermediate_size
+            .unwrap_or(self.expand * self.hidden_size)
+    }
+
+    fn time_step_rank(&self, config: &ArchConfig) -> Result<usize> {
+        match &self.time_step_rank {
+            None => Ok(self.hidden_size.div_ceil(16)),
+            Some(Value::String(auto)) if auto == "auto" => Ok(self.hidden_size.div_ceil(16)),
+            Some(Value::Number(n)) => n
+                .as_u64()
+                .map(|n| n as usize)
+                .ok_or_else(|| config.unsupported(format!("time_step_rank {n}"))),
+            Some(other) => Err(config.unsupported(format!("time_step_rank {other}"))),
+        }
+    }
+}
+
+struct Mixer {
+    in_proj: Linear,
+    conv: CausalConv1d,
+    x_proj: Linear,
+    dt_proj: Linear,
+    /// `-exp(A_log)`, `[E, N]`.
+    a: Tensor<2>,
+    d: Tensor<1>,
+    out_proj: Linear,
+}
+
+struct Block {
+    norm: RmsNorm,
+    mixer: Mixer,
+}
+
+/// A loaded Mamba.
+pub struct Mamba {
+    layout: ModelLayout,
+    activation: Activation,
+    inner: usize,
+    rank: usize,
+    state: usize,
+    embeddings: Embedding,
+    blocks: Vec<Block>,
+    norm_f: RmsNorm,
+    lm_head: Linear,
+}
+
+impl Mamba {
+    /// Builds the model from its config and weights.
+    pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<Self> {
+        let config: MambaConfig = arch_config.parse()?;
+        let activation = Activation::from_hf_name(&config.hidden_act).ok_or_else(|| {
+            arch_config.unsupported(format!("hidden_act `{}`", config.hidden_act))
+        })?;
+        let (h, e, n) = (config.hidden_size, config.inner(), config.state_size);
+        let rank = config.time_step_rank(arch_config)?;
+        let eps = config.layer_norm_epsilon;
+        let embeddings =
+            Embedding::load(loader, "backbone.embeddings.weight", config.vocab_size, h);
+        let blocks = (0..config.num_hidden_layers)
+            .map(|i| {
+                let name = |rest: &str| format!("backbone.layers.{i}.{rest}");
+                let a_log: Tensor<2> = loader.tensor(&name("mixer.A_log"), [e, n]);
+                Block {
+                    norm: RmsNorm::load(loader, &name("norm"), h, eps),
+                    mixer: Mixer {
+                        in_proj: Linear::load_torch(
+                            loader,
+                            &name("mixer.in_proj"),
+                            h,
+                            2 * e,
+                            config.use_bias,
+                        ),
+                        conv: CausalConv1d::load(
+                            loader,
+                            &name("mixer.conv1d"),
+                            e,
+                            config.conv_kernel,
+                            config.use_conv_bias,
+                        ),
+                        x_proj: Linear::load_torch(
+                            loader,
+                            &name("mixer.x_proj"),
+                            e,
+                            rank + 2 * n,
+                            false,
+                        ),
+                        dt_proj: Linear::load_torch(loader, &name("mixer.dt_proj"), rank, e, true),
+                        a: a_log.exp().neg(),
+                        d: loader.tensor(&name("mixer.D"), [e]),
+                        out_proj: Linear::load_torch(
+                            loader,
+                            &name("mixer.out_proj"),
+                            e,
+                            h,
+                            config.use_bias,
+                        ),
+                    },
+                }
+            })
+            .collect();
+        let norm_f = RmsNorm::load(loader, "backbone.norm_f", h, eps);
+        let lm_head = if config.tie_word_embeddings && !loader.contains("lm_head.weight") {
+            Linear::from_out_in(embeddings.table())
+        } else {
+            Linear::load_torch(loader, "lm_head", h, config.vocab_size, false)
+        };
+        let layer = LayerSpec {
+            mixer: MixerKind::Mamba1 { inner: e, state: n },
+            has_mlp: false,
+        };
+        Ok(Mamba {
+            layout: ModelLayout {
+                hidden: h,
+                vocab: config.vocab_size,
+                layers: vec![layer; config.num_hidden_layers],
+            },
+            activation,
+            inner: e,
+            rank,
+            state: n,
+            embeddings,
+            blocks,
+            norm_f,
+            lm_head,
+        })
+    }
+
+    /// The mixer of `layer` on normalised `x` `[B, T, H]`.
+    fn mix(
+        &self,
+        layer: usize,
+        mixer: &Mixer,
+        x: Tensor<3>,
+        input: &CallInput,
+        cache: &mut ModelCache,
+        hooks: &mut Hooks<'_>,
+    ) -> Result<Tensor<3>> {
+        let [batch, tokens, _] = x.dims();
+        let (e, n, rank) = (self.inner, self.state, self.rank);
+        let real = input.token_mask.clone().unsqueeze_dim::<3>(2);
+        let projected = mixer.in_proj.forward(x * real.clone());
+        let xs = projected.clone().slice_dim(2, 0..e);
+        let gate = projected.slice_dim(2, e..2 * e);
+        let carried = cache.recurrent(layer)?;
+        let (conv_out, window) = mixer.conv.forward(xs.swap_dims(1, 2), carried.conv.take());
+        carried.conv = Some(window);
+        let xs = self.activation.forward(conv_out).swap_dims(1, 2) * real;
+        let params = mixer.x_proj.forward(xs.clone());
+        let dt = params.clone().slice_dim(2, 0..rank);
+        let b = params.clone().slice_dim(2, rank..rank + n);
+        let c = params.slice_dim(2, rank + n..rank + 2 * n);
+        let dt = activation::softplus(mixer.dt_proj.forward(dt), 1.0);
+
+        let site = |s| Site::self_attn(layer, s);
+        let initial = match carried.state.take() {
+            Some(SiteValue::Float3(state)) => state,
+            _ => Tensor::zeros([batch, e, n], &xs.device()),
+        };
+        let mut state = hooks.visit(site(MixerSite::StateInput), initial)?;
+        // dA_t = exp(dt_t A), dBx_t = dt_t x_t B_t: [B, T, E, N].
+        let dt4 = dt.unsqueeze_dim::<4>(3);
+        let decay = (dt4.clone() * mixer.a.clone().unsqueeze::<4>()).exp();
+        let update = dt4 * xs.clone().unsqueeze_dim::<4>(3) * b.unsqueeze_dim::<4>(2);
+        let readout = |state: &Tensor<3>, t: usize| -> Tensor<3> {
+            let c_t = c.clone().slice_dim(1, t..t + 1).reshape([batch, n, 1]);
+            state.clone().matmul(c_t).reshape([batch, 1, e])
+        };
+        let y = if tokens == 1 {
+            // A decode step: the (possibly written) state output is what this step reads.
+            state = decay.reshape([batch, e, n]) * state + update.reshape([batch, e, n]);
+            state = hooks.visit(site(MixerSite::StateOutput), state)?;
+            readout(&state, 0)
+        } else {
+            let mut outputs = Vec::with_capacity(tokens);
+            for t in 0..tokens {
+                let step = |x: &Tensor<4>| x.clone().slice_dim(1, t..t + 1).reshape([batch, e, n]);
+                state = step(&decay) * state + step(&update);
+                outputs.push(readout(&state, t));
+            }
+            state = hooks.visit(site(MixerSite::StateOutput), state)?;
+            Tensor::cat(outputs, 1)
+        };
+        cache.recurrent(layer)?.state = Some(SiteValue::Float3(state));
+        let y = y + xs * mixer.d.clone().unsqueeze::<3>();
+        let y = hooks.visit(site(MixerSite::AttentionHeadOutputs), y)?;
+        Ok(mixer.out_proj.forward(y * activation::silu(gate)))
+    }
+}
+
+impl CausalLm for Mamba {
+    fn layout(&self) -> &ModelLayout {
+        &self.layout
+    }
+
+    fn max_positions(&self) -> Option<usize> {
+        None
+    }
+
+    fn new_cache(&self) -> ModelCache {
+        ModelCache::for_layout(&self.layout)
+    }
+
+    fn forward(
+        &self,
+        input: &CallInput,
+        cache: &mut ModelCache,
+        hooks: &mut Hooks<'_>,
+    ) -> Result<Tensor<3>> {
+        let embeddings = self.embeddings.forward(input.input_ids.clone());
+        let mut hidden = hooks.visit(Site::TokenEmbeddings, embeddings)?;
+        for (layer, block) in self.blocks.iter().enumerate() {
+            hidden = residual_block(
+                layer,
+                hidden,
+                hooks,
+                |hidden, hooks| {
+                    let x = block.norm.forward(hidden);
+                    self.mix(layer, &block.mixer, x, input, cache, hooks)
+                },
+                None::<fn(Tensor<3>) -> Tensor<3>>,
+            )?;
+        }
+        Ok(self.lm_head.forward(self.norm_f.forward(hidden)))
+    }
+}
+
+hookscope_core::register_architecture!(
+    Mamba,
+    name: "mamba",
+    model_types: ["mamba"],
+    architectures: ["MambaForCausalLM"],
+    tiny_config: r#"{"model_type": "mamba", "vocab_size": 61, "hidden_size": 16,
+        "state_size": 4, "num_hidden_layers": 2, "expand": 2, "conv_kernel": 4,
+        "eos_token_id": 60}"#,
+);
