@@ -30,6 +30,8 @@ from transformers import (
     GenerationConfig,
     GPT2Config,
     GPT2LMHeadModel,
+    GPTNeoXConfig,
+    GPTNeoXForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
     MambaConfig,
@@ -133,6 +135,8 @@ def attach_hooks(model):
         tr, blocks, embeddings, attn = model.transformer, model.transformer.h, model.transformer.wte, "attn"
     elif hasattr(model, "backbone"):
         tr, blocks, embeddings, attn = model.backbone, model.backbone.layers, model.backbone.embeddings, "mixer"
+    elif hasattr(model, "gpt_neox"):
+        tr, blocks, embeddings, attn = model.gpt_neox, model.gpt_neox.layers, model.gpt_neox.embed_in, "attention"
     else:
         tr, blocks, embeddings, attn = model.model, model.model.layers, model.model.embed_tokens, "self_attn"
 
@@ -165,7 +169,7 @@ def attach_hooks(model):
     def on_final_hidden(_module, _args, output):
         # generate() asks the head for the last position only; the schema's step-0 logits cover
         # every position, so apply transformers' own head to all of them.
-        logits = model.lm_head(output.last_hidden_state)
+        logits = model.get_output_embeddings()(output.last_hidden_state)
         RECORDER.put("logits", logits)
         RECORDER.put("next_token_probs", torch.softmax(logits[:, -1, :].float(), dim=-1))
 
@@ -217,7 +221,7 @@ def record_generation(model, prompt_ids, eos_token_id, zero=None):
 
         # Registered before the recording hook of the same block, so the recorded value is the
         # zeroed one, as hookscope saves a site after its writes.
-        body = getattr(model, "transformer", None) or getattr(model, "backbone", None) or model.model
+        body = next(getattr(model, n) for n in ("transformer", "backbone", "gpt_neox", "model") if hasattr(model, n))
         blocks = body.h if hasattr(body, "h") else body.layers
         handle = blocks[layer].register_forward_hook(zero_output, prepend=True)
     with torch.no_grad():
@@ -344,6 +348,24 @@ def make_mamba_models():
         write_case(FIXTURES / name, model, prompts, eos_token_id=vocab - 1)
 
 
+def make_gptneox_models():
+    """Tiny GPT-NeoX (Pythia-style) configs for the example plugin: parallel residual with a
+    quarter of each head rotated, and a sequential residual with half rotated."""
+    vocab = 96
+    generator = torch.Generator().manual_seed(17)
+    prompts = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in (7, 4)]
+    common = dict(vocab_size=vocab, bos_token_id=vocab - 1, eos_token_id=vocab - 1, max_position_embeddings=64)
+    cases = {
+        "gptneox-parallel": dict(hidden_size=32, intermediate_size=48, num_hidden_layers=2, num_attention_heads=2,
+                                 rotary_pct=0.25),
+        "gptneox-sequential": dict(hidden_size=24, intermediate_size=40, num_hidden_layers=2, num_attention_heads=3,
+                                   rotary_pct=0.5, use_parallel_residual=False, hidden_act="gelu_new"),
+    }
+    for seed, (name, config) in enumerate(cases.items()):
+        model = build_model(300 + seed, GPTNeoXConfig, GPTNeoXForCausalLM, **common, **config)
+        write_case(FIXTURES / name, model, prompts, eos_token_id=vocab - 1)
+
+
 def round_to_half(model):
     """Round every weight to float16 so the float16 checkpoint reproduces the float32 reference."""
     with torch.no_grad():
@@ -431,6 +453,7 @@ def main():
     make_parity_models()
     make_llama_models()
     make_mamba_models()
+    make_gptneox_models()
     make_default_model(args.gpt2_bpe)
 
 

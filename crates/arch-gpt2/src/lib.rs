@@ -12,7 +12,7 @@ use hookscope_core::cache::ModelCache;
 use hookscope_core::nn::{
     Activation, Embedding, LayerNorm, Linear, SoftmaxAttention, residual_block,
 };
-use hookscope_core::schema::{LayerSpec, MixerKind};
+use hookscope_core::schema::LayerSpec;
 use hookscope_core::{
     ArchConfig, CallInput, CausalLm, Hooks, ModelLayout, Result, Site, WeightLoader,
 };
@@ -90,12 +90,11 @@ impl Gpt2 {
     /// Builds the model from its config and weights.
     pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<Self> {
         let config: Gpt2Config = arch_config.parse()?;
-        let activation = Activation::from_hf_name(&config.activation_function).ok_or_else(|| {
-            arch_config.unsupported(format!(
-                "activation_function `{}` (supported: gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, relu, silu)",
-                config.activation_function
-            ))
-        })?;
+        let activation = Activation::from_config(
+            arch_config,
+            "activation_function",
+            &config.activation_function,
+        )?;
         if config.add_cross_attention {
             return Err(arch_config.unsupported("add_cross_attention (encoder-decoder GPT-2)"));
         }
@@ -143,19 +142,8 @@ impl Gpt2 {
             })
             .collect();
         let ln_f = LayerNorm::load(loader, &name("ln_f"), h, config.layer_norm_epsilon);
-        let lm_head = if config.tie_word_embeddings {
-            Linear::from_out_in(wte.table())
-        } else {
-            Linear::load_torch(loader, "lm_head", h, config.vocab_size, false)
-        };
-        let layer = LayerSpec {
-            mixer: MixerKind::SoftmaxAttention {
-                heads,
-                kv_heads: heads,
-                head_dim,
-            },
-            has_mlp: true,
-        };
+        let lm_head = Linear::head(loader, "lm_head", &wte, config.tie_word_embeddings);
+        let layer = LayerSpec::attention(heads, heads, head_dim);
         Ok(Gpt2 {
             layout: ModelLayout {
                 hidden: h,
@@ -180,10 +168,6 @@ impl CausalLm for Gpt2 {
 
     fn max_positions(&self) -> Option<usize> {
         Some(self.config.n_positions)
-    }
-
-    fn new_cache(&self) -> ModelCache {
-        ModelCache::for_layout(&self.layout)
     }
 
     fn forward(

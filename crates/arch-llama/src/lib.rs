@@ -16,7 +16,7 @@ use hookscope_core::cache::ModelCache;
 use hookscope_core::nn::{
     Activation, Embedding, Linear, RmsNorm, Rotary, SoftmaxAttention, residual_block,
 };
-use hookscope_core::schema::{LayerSpec, MixerKind};
+use hookscope_core::schema::LayerSpec;
 use hookscope_core::{
     ArchConfig, CallInput, CausalLm, Hooks, ModelLayout, Result, Site, WeightLoader,
 };
@@ -53,9 +53,7 @@ impl Llama {
     pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<Self> {
         let config: LlamaConfig = arch_config.parse()?;
         config.check(arch_config)?;
-        let activation = Activation::from_hf_name(&config.hidden_act).ok_or_else(|| {
-            arch_config.unsupported(format!("hidden_act `{}`", config.hidden_act))
-        })?;
+        let activation = Activation::from_config(arch_config, "hidden_act", &config.hidden_act)?;
         let (theta, scaling) = config.rope(arch_config)?;
         let (h, heads, kv_heads, head_dim) = (
             config.hidden_size,
@@ -99,19 +97,8 @@ impl Llama {
             })
             .collect();
         let norm = RmsNorm::load(loader, "model.norm", h, eps);
-        let lm_head = if config.tie_word_embeddings {
-            Linear::from_out_in(embed_tokens.table())
-        } else {
-            Linear::load_torch(loader, "lm_head", h, config.vocab_size, false)
-        };
-        let layer = LayerSpec {
-            mixer: MixerKind::SoftmaxAttention {
-                heads,
-                kv_heads,
-                head_dim,
-            },
-            has_mlp: true,
-        };
+        let lm_head = Linear::head(loader, "lm_head", &embed_tokens, config.tie_word_embeddings);
+        let layer = LayerSpec::attention(heads, kv_heads, head_dim);
         Ok(Llama {
             layout: ModelLayout {
                 hidden: h,
@@ -132,15 +119,6 @@ impl Llama {
 impl CausalLm for Llama {
     fn layout(&self) -> &ModelLayout {
         &self.layout
-    }
-
-    fn max_positions(&self) -> Option<usize> {
-        // Rotary positions have no hard limit; scaled ropes are defined past the trained length.
-        None
-    }
-
-    fn new_cache(&self) -> ModelCache {
-        ModelCache::for_layout(&self.layout)
     }
 
     fn forward(

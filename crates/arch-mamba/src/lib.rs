@@ -129,9 +129,7 @@ impl Mamba {
     /// Builds the model from its config and weights.
     pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<Self> {
         let config: MambaConfig = arch_config.parse()?;
-        let activation = Activation::from_hf_name(&config.hidden_act).ok_or_else(|| {
-            arch_config.unsupported(format!("hidden_act `{}`", config.hidden_act))
-        })?;
+        let activation = Activation::from_config(arch_config, "hidden_act", &config.hidden_act)?;
         let (h, e, n) = (config.hidden_size, config.inner(), config.state_size);
         let rank = config.time_step_rank(arch_config)?;
         let eps = config.layer_norm_epsilon;
@@ -180,11 +178,8 @@ impl Mamba {
             })
             .collect();
         let norm_f = RmsNorm::load(loader, "backbone.norm_f", h, eps);
-        let lm_head = if config.tie_word_embeddings && !loader.contains("lm_head.weight") {
-            Linear::from_out_in(embeddings.table())
-        } else {
-            Linear::load_torch(loader, "lm_head", h, config.vocab_size, false)
-        };
+        let tied = config.tie_word_embeddings && !loader.contains("lm_head.weight");
+        let lm_head = Linear::head(loader, "lm_head", &embeddings, tied);
         let layer = LayerSpec {
             mixer: MixerKind::Mamba1 { inner: e, state: n },
             has_mlp: false,
@@ -271,14 +266,6 @@ impl Mamba {
 impl CausalLm for Mamba {
     fn layout(&self) -> &ModelLayout {
         &self.layout
-    }
-
-    fn max_positions(&self) -> Option<usize> {
-        None
-    }
-
-    fn new_cache(&self) -> ModelCache {
-        ModelCache::for_layout(&self.layout)
     }
 
     fn forward(

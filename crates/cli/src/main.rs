@@ -20,6 +20,9 @@ use hookscope_arch_mamba as _;
 #[derive(Debug, Parser)]
 #[command(name = "hookscope", version, about)]
 struct Cli {
+    /// Load an architecture from a plugin library (repeatable), before running the command.
+    #[arg(long, global = true, value_name = "PATH")]
+    plugin: Vec<std::path::PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -48,6 +51,12 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    for path in &cli.plugin {
+        if let Err(error) = hookscope_core::plugin::load(path) {
+            eprintln!("error: {error}");
+            return ExitCode::FAILURE;
+        }
+    }
     let result = match cli.command {
         Command::Run(args) => run::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Sites(args) => sites::sites(&args).map(|()| ExitCode::SUCCESS),

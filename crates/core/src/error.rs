@@ -161,6 +161,14 @@ pub enum Error {
         /// The cause.
         message: String,
     },
+    /// A plugin library that cannot be used.
+    #[error("plugin {}: {message}", .path.display())]
+    Plugin {
+        /// The library.
+        path: PathBuf,
+        /// Why.
+        message: String,
+    },
     /// Writing an output file failed.
     #[error("cannot write {}: {message}", .path.display())]
     Output {

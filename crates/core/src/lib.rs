@@ -17,6 +17,7 @@ pub mod loading;
 pub mod model;
 pub mod nn;
 pub mod output;
+pub mod plugin;
 pub mod registry;
 pub mod schema;
 pub mod tokenizer;

@@ -21,11 +21,15 @@ pub trait CausalLm {
     /// The declared structure: sizes and the mixer of each layer.
     fn layout(&self) -> &ModelLayout;
 
-    /// The longest sequence the model can position, if it has a limit.
-    fn max_positions(&self) -> Option<usize>;
+    /// The longest sequence the model can position, if it has a limit (none by default).
+    fn max_positions(&self) -> Option<usize> {
+        None
+    }
 
-    /// Empty carried state for a new batch.
-    fn new_cache(&self) -> ModelCache;
+    /// Empty carried state for a new batch: by default, derived from the declared layout.
+    fn new_cache(&self) -> ModelCache {
+        ModelCache::for_layout(self.layout())
+    }
 
     /// One call: the final hidden states through the language-model head, `[B, T, V]`.
     fn forward(

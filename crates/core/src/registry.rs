@@ -26,9 +26,10 @@ pub struct Architecture {
 
 inventory::collect!(Architecture);
 
-/// Every statically registered architecture, sorted by name.
+/// Every registered architecture (linked in, or loaded from a plugin), sorted by name.
 pub fn registered() -> Vec<&'static Architecture> {
     let mut all: Vec<&'static Architecture> = inventory::iter::<Architecture>().collect();
+    all.extend(crate::plugin::loaded());
     all.sort_by_key(|arch| arch.name);
     all
 }

@@ -3,6 +3,9 @@
 use burn::tensor::Tensor;
 use burn::tensor::activation;
 
+use crate::error::Result;
+use crate::loading::ArchConfig;
+
 /// An elementwise activation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Activation {
@@ -26,6 +29,15 @@ impl Activation {
             "silu" | "swish" => Some(Activation::Silu),
             _ => None,
         }
+    }
+
+    /// The activation `config.json` names under `key`, or an "unsupported" error naming it.
+    pub fn from_config(config: &ArchConfig, key: &str, name: &str) -> Result<Self> {
+        Activation::from_hf_name(name).ok_or_else(|| {
+            config.unsupported(format!(
+                "{key} `{name}` (supported: gelu, gelu_new, gelu_pytorch_tanh, gelu_fast, relu, silu)"
+            ))
+        })
     }
 
     /// Applies the activation.

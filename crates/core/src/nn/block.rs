@@ -28,3 +28,23 @@ pub fn residual_block<Mlp: FnOnce(Tensor<3>) -> Tensor<3>>(
     }
     hooks.visit(site(LayerSite::LayerOutput), hidden)
 }
+
+/// GPT-NeoX's parallel residual: `h + mixer(h) + mlp(h)`, both reading the block's input,
+/// serving `layer_input`, `attention_output`, `mlp_output` and `layer_output` in contract order.
+pub fn parallel_residual_block(
+    layer: usize,
+    hidden: Tensor<3>,
+    hooks: &mut Hooks<'_>,
+    mixer: impl FnOnce(Tensor<3>, &mut Hooks<'_>) -> Result<Tensor<3>>,
+    mlp: impl FnOnce(Tensor<3>) -> Tensor<3>,
+) -> Result<Tensor<3>> {
+    let site = |site| Site::layer(layer, site);
+    let hidden = hooks.visit(site(LayerSite::LayerInput), hidden)?;
+    let mixed = mixer(hidden.clone(), hooks)?;
+    let attention_output = hooks.visit(site(LayerSite::AttentionOutput), mixed)?;
+    let mlp_output = hooks.visit(site(LayerSite::MlpOutput), mlp(hidden.clone()))?;
+    hooks.visit(
+        site(LayerSite::LayerOutput),
+        hidden + attention_output + mlp_output,
+    )
+}

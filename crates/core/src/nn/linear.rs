@@ -7,6 +7,7 @@
 
 use burn::tensor::Tensor;
 
+use super::Embedding;
 use crate::loading::WeightLoader;
 
 /// An affine map; `weight` is an `[in, out]` view of the stored matrix.
@@ -52,6 +53,22 @@ impl Linear {
             weight: weight.transpose(),
             bias: None,
         }
+    }
+
+    /// A language-model head: the embedding table itself when `tied`, else the stored torch
+    /// `[vocab, hidden]` matrix `{name}.weight`.
+    pub fn head(
+        loader: &mut WeightLoader<'_>,
+        name: &str,
+        embeddings: &Embedding,
+        tied: bool,
+    ) -> Self {
+        let table = embeddings.table();
+        if tied {
+            return Linear::from_out_in(table);
+        }
+        let [vocab, hidden] = table.dims();
+        Linear::load_torch(loader, name, hidden, vocab, false)
     }
 
     /// Applies the map to the last axis.

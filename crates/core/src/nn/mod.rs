@@ -11,7 +11,7 @@ mod rotary;
 
 pub use activation::Activation;
 pub use attention::SoftmaxAttention;
-pub use block::residual_block;
+pub use block::{parallel_residual_block, residual_block};
 pub use conv::CausalConv1d;
 pub use embedding::Embedding;
 pub use linear::Linear;

@@ -46,7 +46,8 @@ pub struct Rotary {
 }
 
 impl Rotary {
-    /// Rotary embedding over `head_dim` dimensions with base `theta`.
+    /// Rotary embedding over `head_dim` dimensions (the rotated ones, for partial rotary) with
+    /// base `theta`.
     pub fn new(head_dim: usize, theta: f64, scaling: RopeScaling) -> Self {
         Rotary {
             head_dim,
@@ -122,12 +123,25 @@ impl Rotary {
         (angles.clone().cos(), angles.sin())
     }
 
-    /// Rotates `[B, heads, T, D]` queries or keys.
+    /// Rotates `[B, heads, T, D]` queries or keys. With partial rotary (`cos` narrower than
+    /// `D`, as GPT-NeoX's `rotary_pct` makes it), the first dimensions rotate and the rest pass
+    /// through.
     pub fn apply(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
         let [.., dim] = x.dims();
-        let first = x.clone().slice_dim(3, 0..dim / 2);
-        let second = x.clone().slice_dim(3, dim / 2..dim);
+        let rotary = cos.dims()[3];
+        let (x, pass) = if rotary < dim {
+            let pass = x.clone().slice_dim(3, rotary..dim);
+            (x.slice_dim(3, 0..rotary), Some(pass))
+        } else {
+            (x, None)
+        };
+        let first = x.clone().slice_dim(3, 0..rotary / 2);
+        let second = x.clone().slice_dim(3, rotary / 2..rotary);
         let rotated = Tensor::cat(vec![second.neg(), first], 3);
-        x * cos.clone() + rotated * sin.clone()
+        let x = x * cos.clone() + rotated * sin.clone();
+        match pass {
+            Some(pass) => Tensor::cat(vec![x, pass], 3),
+            None => x,
+        }
     }
 }

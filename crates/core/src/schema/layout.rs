@@ -97,6 +97,18 @@ pub struct LayerSpec {
 }
 
 impl LayerSpec {
+    /// A softmax-attention block with an MLP.
+    pub fn attention(heads: usize, kv_heads: usize, head_dim: usize) -> Self {
+        LayerSpec {
+            mixer: MixerKind::SoftmaxAttention {
+                heads,
+                kv_heads,
+                head_dim,
+            },
+            has_mlp: true,
+        }
+    }
+
     /// The block's sites, in call order.
     pub fn sites(&self) -> impl Iterator<Item = LayerSite> + '_ {
         let namespace = self.mixer.namespace();

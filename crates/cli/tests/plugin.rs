@@ -1,0 +1,118 @@
+//! Architectures as dynamic plugins: the example GPT-NeoX plugin loaded by path passes the whole
+//! conformance suite (with transformers parity), and unusable libraries are refused clearly.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+fn hookscope(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hookscope"))
+        .args(args)
+        .output()
+        .expect("the hookscope binary runs")
+}
+
+/// The example plugin, built beside the `hookscope` binary under test (built here if absent).
+fn example_plugin() -> PathBuf {
+    let binary = PathBuf::from(env!("CARGO_BIN_EXE_hookscope"));
+    let dir = binary.parent().expect("the binary has a folder");
+    let library = dir.join(format!(
+        "{}hookscope_plugin_gptneox{}",
+        std::env::consts::DLL_PREFIX,
+        std::env::consts::DLL_SUFFIX
+    ));
+    if !library.exists() {
+        let profile = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug");
+        let mut cargo = Command::new(env!("CARGO"));
+        cargo.args(["build", "-p", "hookscope-plugin-gptneox"]);
+        if profile == "release" {
+            cargo.arg("--release");
+        }
+        let status = cargo.status().expect("cargo runs");
+        assert!(status.success(), "building the example plugin failed");
+    }
+    library
+}
+
+fn text(output: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&output.stdout),
+        String::from_utf8_lossy(&output.stderr)
+    )
+}
+
+#[test]
+fn the_example_plugin_passes_the_whole_suite() {
+    let plugin = example_plugin();
+    let output = hookscope(&[
+        "--plugin",
+        plugin.to_str().unwrap(),
+        "conformance",
+        "--json",
+    ]);
+    assert!(output.status.success(), "{}", text(&output));
+    let reports: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    let neox = reports
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["arch"] == "gpt_neox")
+        .expect("the plugin's architecture is registered");
+    for check in neox["checks"].as_array().unwrap() {
+        let expected = if check["check"] == "state carried" {
+            "n/a"
+        } else {
+            "pass"
+        };
+        assert_eq!(check["status"], expected, "{check}");
+    }
+}
+
+#[test]
+fn a_plugin_model_runs_from_the_command_line() {
+    let plugin = example_plugin();
+    let model = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../conformance/fixtures/gptneox-parallel");
+    let output = hookscope(&[
+        "--plugin",
+        plugin.to_str().unwrap(),
+        "sites",
+        model.to_str().unwrap(),
+    ]);
+    assert!(output.status.success(), "{}", text(&output));
+    assert!(text(&output).contains("layers.1.self_attn.attention_keys"));
+}
+
+#[test]
+fn unusable_plugins_are_refused_with_the_reason() {
+    let plugin = example_plugin();
+    let path = plugin.to_str().unwrap();
+    let twice = hookscope(&["--plugin", path, "--plugin", path, "archs"]);
+    assert!(!twice.status.success());
+    assert!(text(&twice).contains("already loaded"), "{}", text(&twice));
+
+    let not_a_library = hookscope(&["--plugin", "Cargo.toml", "archs"]);
+    assert!(!not_a_library.status.success());
+    assert!(
+        text(&not_a_library).contains("not a loadable library"),
+        "{}",
+        text(&not_a_library)
+    );
+
+    // A real library that is not a hookscope plugin: the C library itself.
+    let libc = [
+        "/lib/x86_64-linux-gnu/libc.so.6",
+        "/usr/lib/x86_64-linux-gnu/libc.so.6",
+    ]
+    .into_iter()
+    .find(|p| std::path::Path::new(p).exists());
+    if let Some(libc) = libc {
+        let foreign = hookscope(&["--plugin", libc, "archs"]);
+        assert!(!foreign.status.success());
+        assert!(
+            text(&foreign).contains("not a hookscope plugin"),
+            "{}",
+            text(&foreign)
+        );
+    }
+}

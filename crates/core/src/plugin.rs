@@ -1,0 +1,215 @@
+//! Architectures loaded at run time from dynamic libraries (`hookscope --plugin PATH`).
+//!
+//! A plugin is a `cdylib` that statically links its own copy of hookscope-core and burn, so its
+//! `inventory` registrations land in its own registry: its [`Architecture`] travels through the
+//! return value of an exported function instead. Rust types cross the boundary only between
+//! identical builds, so the host first reads the plugin's ABI fingerprint through a C-ABI symbol
+//! and refuses the plugin, before calling anything else in it, unless it equals its own: same
+//! hookscope-core version, schema version, rustc, target and burn backend features. A loaded
+//! plugin is never unloaded (its code and vtables outlive every model it built).
+
+use std::ffi::{CStr, c_char};
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+
+use crate::error::{Error, Result};
+use crate::registry::Architecture;
+
+/// Version of the hook schema (site names, shapes, order) this build implements.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// The burn backend features this workspace pins (`[workspace.dependencies]`).
+const BACKEND: &str = "burn 0.22.1 flex+simd+rayon+x86-v4";
+
+/// Symbol returning the plugin's fingerprint as a NUL-terminated C string.
+pub const FINGERPRINT_SYMBOL: &[u8] = b"hookscope_plugin_fingerprint\0";
+/// Symbol returning the plugin's `&'static Architecture` (Rust ABI; called only after the
+/// fingerprints match).
+pub const ARCHITECTURE_SYMBOL: &[u8] = b"hookscope_plugin_architecture\0";
+
+/// What a plugin and its host must share, one `key=value` field per `;`.
+pub fn abi_fingerprint() -> String {
+    format!(
+        "hookscope-core={}; schema={SCHEMA_VERSION}; rustc={}; target={}; backend={BACKEND}",
+        env!("CARGO_PKG_VERSION"),
+        env!("HOOKSCOPE_RUSTC_VERSION"),
+        env!("HOOKSCOPE_TARGET"),
+    )
+}
+
+/// Architectures loaded from plugins, and the files they came from.
+static LOADED: Mutex<Vec<(PathBuf, &'static Architecture)>> = Mutex::new(Vec::new());
+
+/// Architectures loaded from plugins so far.
+pub fn loaded() -> Vec<&'static Architecture> {
+    LOADED
+        .lock()
+        .map(|loaded| loaded.iter().map(|(_, arch)| *arch).collect())
+        .unwrap_or_default()
+}
+
+fn plugin_error(path: &Path, message: impl Into<String>) -> Error {
+    Error::Plugin {
+        path: path.to_path_buf(),
+        message: message.into(),
+    }
+}
+
+/// Loads the architecture a plugin library exports, after checking its ABI fingerprint.
+pub fn load(path: &Path) -> Result<&'static Architecture> {
+    let canonical = path
+        .canonicalize()
+        .map_err(|e| plugin_error(path, format!("cannot open: {e}")))?;
+    let mut loaded = LOADED
+        .lock()
+        .map_err(|_| plugin_error(path, "plugin registry poisoned"))?;
+    if loaded.iter().any(|(p, _)| *p == canonical) {
+        return Err(plugin_error(path, "this plugin is already loaded"));
+    }
+    // SAFETY: loading a library runs its initialisers; a hookscope plugin has none beyond
+    // Rust's own. Nothing else of it is called before its fingerprint matches.
+    let library = unsafe { libloading::Library::new(&canonical) }
+        .map_err(|e| plugin_error(path, format!("not a loadable library: {e}")))?;
+    // SAFETY: the symbol is declared `extern "C" fn() -> *const c_char` by `export_plugin!`,
+    // returning a pointer to a static NUL-terminated string.
+    let fingerprint = unsafe {
+        let symbol = library
+            .get::<unsafe extern "C" fn() -> *const c_char>(FINGERPRINT_SYMBOL)
+            .map_err(|_| {
+                plugin_error(
+                    path,
+                    "not a hookscope plugin: no `hookscope_plugin_fingerprint` symbol \
+                     (export it with `hookscope_core::export_plugin!`)",
+                )
+            })?;
+        CStr::from_ptr(symbol()).to_string_lossy().into_owned()
+    };
+    let host = abi_fingerprint();
+    if fingerprint != host {
+        return Err(plugin_error(
+            path,
+            fingerprint_mismatch(&fingerprint, &host),
+        ));
+    }
+    // SAFETY: the fingerprints match, so the plugin was built by the same compiler from the
+    // same hookscope-core and burn: `Architecture` has the same layout on both sides.
+    let arch = unsafe {
+        let symbol = library
+            .get::<fn() -> &'static Architecture>(ARCHITECTURE_SYMBOL)
+            .map_err(|_| plugin_error(path, "no `hookscope_plugin_architecture` symbol"))?;
+        symbol()
+    };
+    let linked = inventory::iter::<Architecture>().map(|a| a.name);
+    let taken = linked
+        .chain(loaded.iter().map(|(_, a)| a.name))
+        .any(|n| n == arch.name);
+    if taken {
+        return Err(plugin_error(
+            path,
+            format!(
+                "an architecture named `{}` is already registered",
+                arch.name
+            ),
+        ));
+    }
+    // Never unloaded: models built by the plugin keep pointing into its code.
+    std::mem::forget(library);
+    loaded.push((canonical, arch));
+    Ok(arch)
+}
+
+/// Says which fields differ between a plugin's fingerprint and the host's.
+fn fingerprint_mismatch(plugin: &str, host: &str) -> String {
+    let fields = |s: &str| -> Vec<(String, String)> {
+        s.split("; ")
+            .filter_map(|field| field.split_once('='))
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    };
+    let host_fields = fields(host);
+    let differences: Vec<String> = fields(plugin)
+        .into_iter()
+        .filter_map(|(key, value)| {
+            let ours = host_fields
+                .iter()
+                .find(|(k, _)| *k == key)
+                .map(|(_, v)| v.as_str());
+            (ours != Some(value.as_str()))
+                .then(|| format!("{key}: plugin `{value}`, host `{}`", ours.unwrap_or("?")))
+        })
+        .collect();
+    let detail = if differences.is_empty() {
+        format!("plugin `{plugin}`, host `{host}`")
+    } else {
+        differences.join("; ")
+    };
+    format!(
+        "ABI mismatch, refused before calling into it ({detail}); rebuild the plugin against this hookscope"
+    )
+}
+
+/// Exports an architecture from a plugin `cdylib`:
+///
+/// ```text
+/// hookscope_core::export_plugin!(MyModel, name: "mine", model_types: ["mine"],
+///     architectures: ["MineForCausalLM"], tiny_config: r#"{...}"#);
+/// ```
+#[macro_export]
+macro_rules! export_plugin {
+    ($model:ty, name: $name:literal, model_types: [$($model_type:literal),* $(,)?],
+     architectures: [$($class:literal),* $(,)?], tiny_config: $tiny:expr $(,)?) => {
+        static HOOKSCOPE_PLUGIN_ARCHITECTURE: $crate::Architecture = $crate::Architecture {
+            name: $name,
+            model_types: &[$($model_type),*],
+            architectures: &[$($class),*],
+            load: |config, loader| Ok(Box::new(<$model>::load(config, loader)?)),
+            tiny_config: $tiny,
+        };
+
+        /// The ABI fingerprint, NUL-terminated.
+        #[unsafe(no_mangle)]
+        pub extern "C" fn hookscope_plugin_fingerprint() -> *const ::std::ffi::c_char {
+            static FINGERPRINT: ::std::sync::LazyLock<::std::ffi::CString> =
+                ::std::sync::LazyLock::new(|| {
+                    ::std::ffi::CString::new($crate::plugin::abi_fingerprint()).unwrap_or_default()
+                });
+            FINGERPRINT.as_ptr()
+        }
+
+        /// The exported architecture.
+        #[unsafe(no_mangle)]
+        pub fn hookscope_plugin_architecture() -> &'static $crate::Architecture {
+            &HOOKSCOPE_PLUGIN_ARCHITECTURE
+        }
+    };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn mismatches_name_the_differing_fields() {
+        let host = abi_fingerprint();
+        let plugin = host.replace("schema=1", "schema=2");
+        let message = fingerprint_mismatch(&plugin, &host);
+        assert!(
+            message.contains("schema: plugin `2`, host `1`"),
+            "{message}"
+        );
+    }
+
+    #[test]
+    fn files_that_are_not_plugins_are_refused() {
+        let missing = load(Path::new("/no/such/plugin.so")).unwrap_err();
+        assert!(missing.to_string().contains("cannot open"), "{missing}");
+        let dir = std::env::temp_dir().join(format!("hookscope-not-a-lib-{}", std::process::id()));
+        std::fs::write(&dir, b"not a library").unwrap();
+        let error = load(&dir).unwrap_err();
+        assert!(
+            error.to_string().contains("not a loadable library"),
+            "{error}"
+        );
+        std::fs::remove_file(&dir).unwrap();
+    }
+}

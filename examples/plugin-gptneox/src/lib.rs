@@ -1,0 +1,257 @@
+//! # GPT-NeoX, as a hookscope plugin
+//!
+//! "GPT-NeoX-20B: An Open-Source Autoregressive Language Model" (Black et al., 2022), the
+//! architecture of the Pythia suite: LayerNorm, a fused per-head `query_key_value`, partial
+//! rotary positions (`rotary_pct` / `partial_rotary_factor`), a GELU MLP, a parallel residual
+//! (`use_parallel_residual`) and an untied `embed_out` head.
+//!
+//! Built as a `cdylib` and loaded at run time: `hookscope --plugin
+//! target/debug/libhookscope_plugin_gptneox.so conformance`. It uses only hookscope-core's
+//! public API, as an out-of-tree adapter would.
+
+use hookscope_core::burn::tensor::Tensor;
+use hookscope_core::cache::ModelCache;
+use hookscope_core::nn::{
+    Activation, Embedding, LayerNorm, Linear, RopeScaling, Rotary, SoftmaxAttention,
+    parallel_residual_block, residual_block,
+};
+use hookscope_core::schema::LayerSpec;
+use hookscope_core::{
+    ArchConfig, CallInput, CausalLm, Hooks, ModelLayout, Result, Site, WeightLoader,
+};
+use serde::Deserialize;
+use serde_json::Value;
+
+/// `config.json` of a GPT-NeoX checkpoint (the fields the forward pass depends on).
+#[derive(Debug, Clone, Deserialize)]
+pub struct GptNeoxConfig {
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Hidden size.
+    pub hidden_size: usize,
+    /// MLP inner size.
+    pub intermediate_size: usize,
+    /// Blocks.
+    pub num_hidden_layers: usize,
+    /// Attention heads.
+    pub num_attention_heads: usize,
+    /// LayerNorm epsilon.
+    #[serde(default = "default_eps")]
+    pub layer_norm_eps: f64,
+    /// MLP activation.
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+    /// `h + attn(ln1 h) + mlp(ln2 h)` (true) or sequential.
+    #[serde(default = "default_true")]
+    pub use_parallel_residual: bool,
+    /// Bias on the attention projections.
+    #[serde(default = "default_true")]
+    pub attention_bias: bool,
+    /// Whether the head shares the embedding table.
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    /// Rotary parameters (new style).
+    #[serde(default)]
+    pub rope_parameters: Option<Value>,
+    /// Rotated fraction of each head (old style).
+    #[serde(default)]
+    pub rotary_pct: Option<f64>,
+    /// Rotary base (old style).
+    #[serde(default)]
+    pub rotary_emb_base: Option<f64>,
+}
+
+fn default_eps() -> f64 {
+    1e-5
+}
+fn default_act() -> String {
+    "gelu".into()
+}
+fn default_true() -> bool {
+    true
+}
+
+impl GptNeoxConfig {
+    fn rope(&self, config: &ArchConfig) -> Result<(f64, f64)> {
+        let params = self.rope_parameters.as_ref();
+        let field = |key: &str| params.and_then(|p| p.get(key));
+        let kind = field("rope_type")
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        if kind != "default" {
+            return Err(config.unsupported(format!("rope type `{kind}` in this example plugin")));
+        }
+        let theta = field("rope_theta")
+            .and_then(Value::as_f64)
+            .or(self.rotary_emb_base)
+            .unwrap_or(10_000.0);
+        let fraction = field("partial_rotary_factor")
+            .and_then(Value::as_f64)
+            .or(self.rotary_pct)
+            .unwrap_or(0.25);
+        Ok((theta, fraction))
+    }
+}
+
+struct Block {
+    input_norm: LayerNorm,
+    qkv: Linear,
+    dense: Linear,
+    attention: SoftmaxAttention,
+    post_attention_norm: LayerNorm,
+    up: Linear,
+    down: Linear,
+}
+
+/// A loaded GPT-NeoX.
+pub struct GptNeox {
+    layout: ModelLayout,
+    config: GptNeoxConfig,
+    activation: Activation,
+    rotary: Rotary,
+    embed_in: Embedding,
+    blocks: Vec<Block>,
+    final_norm: LayerNorm,
+    embed_out: Linear,
+}
+
+impl GptNeox {
+    /// Builds the model from its config and weights.
+    pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<Self> {
+        let config: GptNeoxConfig = arch_config.parse()?;
+        let activation = Activation::from_config(arch_config, "hidden_act", &config.hidden_act)?;
+        let (h, heads) = (config.hidden_size, config.num_attention_heads);
+        if heads == 0 || !h.is_multiple_of(heads) {
+            return Err(arch_config.unsupported("hidden_size is not a multiple of the heads"));
+        }
+        let head_dim = h / heads;
+        let (theta, fraction) = config.rope(arch_config)?;
+        let rotary_dims = (head_dim as f64 * fraction) as usize;
+        let eps = config.layer_norm_eps;
+        let bias = config.attention_bias;
+        let embed_in = Embedding::load(loader, "gpt_neox.embed_in.weight", config.vocab_size, h);
+        let blocks = (0..config.num_hidden_layers)
+            .map(|i| {
+                let name = |rest: &str| format!("gpt_neox.layers.{i}.{rest}");
+                Block {
+                    input_norm: LayerNorm::load(loader, &name("input_layernorm"), h, eps),
+                    qkv: Linear::load_torch(
+                        loader,
+                        &name("attention.query_key_value"),
+                        h,
+                        3 * h,
+                        bias,
+                    ),
+                    dense: Linear::load_torch(loader, &name("attention.dense"), h, h, bias),
+                    attention: SoftmaxAttention {
+                        heads,
+                        kv_heads: heads,
+                        head_dim,
+                        scale: (head_dim as f64).powf(-0.5),
+                    },
+                    post_attention_norm: LayerNorm::load(
+                        loader,
+                        &name("post_attention_layernorm"),
+                        h,
+                        eps,
+                    ),
+                    up: Linear::load_torch(
+                        loader,
+                        &name("mlp.dense_h_to_4h"),
+                        h,
+                        config.intermediate_size,
+                        true,
+                    ),
+                    down: Linear::load_torch(
+                        loader,
+                        &name("mlp.dense_4h_to_h"),
+                        config.intermediate_size,
+                        h,
+                        true,
+                    ),
+                }
+            })
+            .collect();
+        let final_norm = LayerNorm::load(loader, "gpt_neox.final_layer_norm", h, eps);
+        let embed_out = Linear::head(loader, "embed_out", &embed_in, config.tie_word_embeddings);
+        let layer = LayerSpec::attention(heads, heads, head_dim);
+        Ok(GptNeox {
+            layout: ModelLayout {
+                hidden: h,
+                vocab: config.vocab_size,
+                layers: vec![layer; config.num_hidden_layers],
+            },
+            rotary: Rotary::new(rotary_dims, theta, RopeScaling::Default),
+            config,
+            activation,
+            embed_in,
+            blocks,
+            final_norm,
+            embed_out,
+        })
+    }
+}
+
+impl CausalLm for GptNeox {
+    fn layout(&self) -> &ModelLayout {
+        &self.layout
+    }
+
+    fn forward(
+        &self,
+        input: &CallInput,
+        cache: &mut ModelCache,
+        hooks: &mut Hooks<'_>,
+    ) -> Result<Tensor<3>> {
+        let [batch, tokens] = input.input_ids.dims();
+        let embeddings = self.embed_in.forward(input.input_ids.clone());
+        let mut hidden = hooks.visit(Site::TokenEmbeddings, embeddings)?;
+        let (cos, sin) = self.rotary.cos_sin(&input.position_ids);
+        for (layer, block) in self.blocks.iter().enumerate() {
+            let attention = &block.attention;
+            let (heads, head_dim) = (attention.heads, attention.head_dim);
+            let mixer = |hidden: Tensor<3>, hooks: &mut Hooks<'_>| {
+                // Per head, the fused projection holds [q | k | v], each `head_dim` wide.
+                let qkv = block
+                    .qkv
+                    .forward(block.input_norm.forward(hidden))
+                    .reshape([batch, tokens, heads, 3 * head_dim])
+                    .swap_dims(1, 2);
+                let part = |i: usize| qkv.clone().slice_dim(3, i * head_dim..(i + 1) * head_dim);
+                let q = Rotary::apply(part(0), &cos, &sin);
+                let k = Rotary::apply(part(1), &cos, &sin);
+                let mask = &input.attention_mask;
+                let mixed = attention.forward(
+                    layer,
+                    q,
+                    k,
+                    part(2),
+                    mask,
+                    cache.key_value(layer)?,
+                    hooks,
+                )?;
+                Ok(block.dense.forward(mixed))
+            };
+            let mlp = |x: Tensor<3>| {
+                let inner = block.up.forward(block.post_attention_norm.forward(x));
+                block.down.forward(self.activation.forward(inner))
+            };
+            hidden = if self.config.use_parallel_residual {
+                parallel_residual_block(layer, hidden, hooks, mixer, mlp)?
+            } else {
+                residual_block(layer, hidden, hooks, mixer, Some(mlp))?
+            };
+        }
+        Ok(self.embed_out.forward(self.final_norm.forward(hidden)))
+    }
+}
+
+hookscope_core::export_plugin!(
+    GptNeox,
+    name: "gpt_neox",
+    model_types: ["gpt_neox"],
+    architectures: ["GPTNeoXForCausalLM"],
+    tiny_config: r#"{"model_type": "gpt_neox", "vocab_size": 61, "hidden_size": 16,
+        "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
+        "rotary_pct": 0.5, "eos_token_id": 60}"#,
+);
