@@ -116,3 +116,46 @@ fn unusable_plugins_are_refused_with_the_reason() {
         );
     }
 }
+
+#[test]
+fn a_plugin_from_another_build_is_refused_before_it_is_called() {
+    // A copy of the plugin whose recorded compiler version differs (same length, patched in the
+    // library's bytes): the host must read the fingerprint, name the difference and stop.
+    let plugin = example_plugin();
+    let mut bytes = std::fs::read(&plugin).unwrap();
+    let version = rustc_version();
+    let patched = version.replacen("rustc 1.", "rustc 9.", 1);
+    assert_eq!(version.len(), patched.len());
+    let mut replaced = 0;
+    let mut i = 0;
+    while let Some(at) = find(&bytes[i..], version.as_bytes()) {
+        let start = i + at;
+        bytes[start..start + version.len()].copy_from_slice(patched.as_bytes());
+        replaced += 1;
+        i = start + version.len();
+    }
+    assert!(replaced > 0, "the plugin records its compiler version");
+    let dir = tempfile::tempdir().unwrap();
+    let copy = dir.path().join(plugin.file_name().unwrap());
+    std::fs::write(&copy, bytes).unwrap();
+    let output = hookscope(&["--plugin", copy.to_str().unwrap(), "archs"]);
+    assert!(!output.status.success());
+    let message = text(&output);
+    assert!(message.contains("ABI mismatch"), "{message}");
+    assert!(
+        message.contains(&format!("rustc: plugin `{patched}`")),
+        "{message}"
+    );
+}
+
+fn rustc_version() -> String {
+    let output = Command::new(option_env!("RUSTC").unwrap_or("rustc"))
+        .arg("--version")
+        .output()
+        .expect("rustc runs");
+    String::from_utf8(output.stdout).unwrap().trim().to_string()
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
