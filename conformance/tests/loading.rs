@@ -165,28 +165,33 @@ fn sharded_checkpoint_equals_single_file() {
 }
 
 #[test]
-fn hub_ids_resolve_from_the_local_cache_only() {
+fn hub_ids_resolve_from_the_local_cache_first() {
     let cache = tempfile::tempdir().unwrap();
-    let error = ModelSource::resolve_in("openai-community/gpt2", cache.path()).unwrap_err();
+    let error = ModelSource::resolve_in("openai-community/gpt2", cache.path(), true).unwrap_err();
     let message = error.to_string();
-    assert!(message.contains("does not download"), "{message}");
+    assert!(message.contains("HF_HUB_OFFLINE is set"), "{message}");
 
     let repo = cache.path().join("models--openai-community--gpt2");
     let snapshot = repo.join("snapshots").join("abc123");
     std::fs::create_dir_all(&snapshot).unwrap();
     std::fs::create_dir_all(repo.join("refs")).unwrap();
     std::fs::write(repo.join("refs").join("main"), "abc123").unwrap();
-    for entry in std::fs::read_dir(hookscope_conformance::fixtures_dir().join("gpt2-tied")).unwrap()
+    // Every file a model can need is cached, so resolving online touches no network either.
+    for entry in std::fs::read_dir(hookscope_conformance::fixtures_dir().join("gpt2-tiny")).unwrap()
     {
         let entry = entry.unwrap();
         std::fs::copy(entry.path(), snapshot.join(entry.file_name())).unwrap();
     }
-    let source = ModelSource::resolve_in("openai-community/gpt2", cache.path()).unwrap();
+    // Offline or not, a cached model is used from the cache (no network is touched: every
+    // file it needs is there).
+    let source = ModelSource::resolve_in("openai-community/gpt2", cache.path(), true).unwrap();
     let ModelSource::Directory(dir) = &source else {
         panic!("expected a directory");
     };
     assert_eq!(dir, &snapshot);
     assert!(load(dir).is_ok());
+    let online = ModelSource::resolve_in("openai-community/gpt2", cache.path(), false).unwrap();
+    assert!(matches!(online, ModelSource::Directory(d) if d == snapshot));
 }
 
 #[test]

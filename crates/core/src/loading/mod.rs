@@ -1,7 +1,8 @@
-//! Finding a model's files: a local Hugging Face directory, a hub id in the local hub cache, or
+//! Finding a model's files: a local Hugging Face directory, a hub id (cached or downloaded), or
 //! a model compiled into the binary.
 
 mod checkpoint;
+mod hub;
 
 use std::path::{Path, PathBuf};
 
@@ -38,16 +39,16 @@ pub enum ModelSource {
 }
 
 impl ModelSource {
-    /// Resolves a local directory, or else a hub id (`owner/name`) in the local Hugging Face hub
-    /// cache (`HF_HUB_CACHE`, else `HF_HOME/hub`, else `~/.cache/huggingface/hub`).
-    ///
-    /// hookscope never downloads: a hub model must already be in the cache.
+    /// Resolves a local directory, or else a hub id (`owner/name`) through the Hugging Face hub
+    /// cache (`HF_HUB_CACHE`, else `HF_HOME/hub`, else `~/.cache/huggingface/hub`): cached files
+    /// are used as they are; missing ones are downloaded (endpoint `HF_ENDPOINT`), unless
+    /// `HF_HUB_OFFLINE` is set, in which case only the cache is consulted.
     pub fn resolve(spec: &str) -> Result<ModelSource> {
-        ModelSource::resolve_in(spec, &hub_cache_dir())
+        ModelSource::resolve_in(spec, &hub_cache_dir(), hub_offline())
     }
 
-    /// [`ModelSource::resolve`] with an explicit hub cache directory.
-    pub fn resolve_in(spec: &str, cache_dir: &Path) -> Result<ModelSource> {
+    /// [`ModelSource::resolve`] with an explicit hub cache directory and offline switch.
+    pub fn resolve_in(spec: &str, cache_dir: &Path, offline: bool) -> Result<ModelSource> {
         let path = Path::new(spec);
         if path.is_dir() {
             return Ok(ModelSource::Directory(path.to_path_buf()));
@@ -65,20 +66,21 @@ impl ModelSource {
                 reason: "no such directory".into(),
             });
         }
-        let cache = hf_hub::Cache::new(cache_dir.to_path_buf());
-        match cache.model(spec.to_string()).get("config.json") {
-            Some(config) => Ok(ModelSource::Directory(
-                config.parent().unwrap_or(Path::new(".")).to_path_buf(),
-            )),
-            None => Err(Error::ModelNotFound {
-                spec: spec.to_string(),
-                reason: format!(
-                    "not a local directory, and not in the Hugging Face cache at {}; hookscope \
-                     does not download: fetch it first (`hf download {spec}`) or set HF_HUB_CACHE",
-                    cache_dir.display()
-                ),
-            }),
+        if offline {
+            let cache = hf_hub::Cache::new(cache_dir.to_path_buf());
+            return match cache.model(spec.to_string()).get("config.json") {
+                Some(config) => Ok(ModelSource::Directory(snapshot_dir(&config))),
+                None => Err(Error::ModelNotFound {
+                    spec: spec.to_string(),
+                    reason: format!(
+                        "not in the Hugging Face cache at {} and HF_HUB_OFFLINE is set; unset it \
+                         to download, or point HF_HUB_CACHE at a cache that has it",
+                        cache_dir.display()
+                    ),
+                }),
+            };
         }
+        hub::fetch(spec, cache_dir).map(ModelSource::Directory)
     }
 
     /// How this source is named in messages.
@@ -132,6 +134,21 @@ impl ModelSource {
             ModelSource::Embedded(model) => Checkpoint::from_static(&self.origin(), model.weights),
         }
     }
+}
+
+/// The snapshot directory holding a cached file.
+fn snapshot_dir(file: &Path) -> PathBuf {
+    file.parent().unwrap_or(Path::new(".")).to_path_buf()
+}
+
+/// `HF_HUB_OFFLINE` set to a true value (`1`, `true`, `yes`, `on`), as `huggingface_hub` reads it.
+fn hub_offline() -> bool {
+    std::env::var("HF_HUB_OFFLINE").is_ok_and(|v| {
+        matches!(
+            v.trim().to_ascii_lowercase().as_str(),
+            "1" | "true" | "yes" | "on"
+        )
+    })
 }
 
 fn hub_cache_dir() -> PathBuf {

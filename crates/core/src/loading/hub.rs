@@ -1,0 +1,60 @@
+//! Fetching a model's files from the Hugging Face hub into the local hub cache (`hf-hub`): each
+//! file is taken from the cache when present and downloaded otherwise.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// Files every model needs; the weights come as one file or as the shards an index names.
+const REQUIRED: &str = "config.json";
+const SINGLE_WEIGHTS: &str = "model.safetensors";
+const SHARD_INDEX: &str = "model.safetensors.index.json";
+const OPTIONAL: [&str; 2] = ["tokenizer.json", "generation_config.json"];
+
+/// Makes `spec`'s files present in the cache at `cache_dir`; returns their snapshot directory.
+pub(super) fn fetch(spec: &str, cache_dir: &Path) -> Result<PathBuf> {
+    let failed = |what: &str, e: hf_hub::api::sync::ApiError| Error::ModelNotFound {
+        spec: spec.to_string(),
+        reason: format!(
+            "{what} is not in the Hugging Face cache at {} and could not be downloaded: {e} \
+             (offline? fetch it elsewhere into that cache, or set HF_HUB_OFFLINE=1 to use \
+             only the cache)",
+            cache_dir.display()
+        ),
+    };
+    let api = hf_hub::api::sync::ApiBuilder::from_env()
+        .with_cache_dir(cache_dir.to_path_buf())
+        .with_progress(false)
+        .build()
+        .map_err(|e| failed("the hub client", e))?;
+    let repo = api.model(spec.to_string());
+    let config = repo.get(REQUIRED).map_err(|e| failed(REQUIRED, e))?;
+    if repo.get(SINGLE_WEIGHTS).is_err() {
+        let index = repo.get(SHARD_INDEX).map_err(|e| failed(SHARD_INDEX, e))?;
+        for shard in shard_files(&index)? {
+            repo.get(&shard).map_err(|e| failed(&shard, e))?;
+        }
+    }
+    for optional in OPTIONAL {
+        // Absent from some repositories; loading reports what it needs.
+        let _ = repo.get(optional);
+    }
+    Ok(super::snapshot_dir(&config))
+}
+
+/// The distinct shard files a `model.safetensors.index.json` names.
+fn shard_files(index: &Path) -> Result<Vec<String>> {
+    let json = super::read_json(index)?;
+    let mut files: Vec<String> = json
+        .get("weight_map")
+        .and_then(|map| map.as_object())
+        .map(|map| {
+            map.values()
+                .filter_map(|v| v.as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default();
+    files.sort();
+    files.dedup();
+    Ok(files)
+}
