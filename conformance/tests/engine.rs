@@ -258,3 +258,19 @@ fn a_padded_batch_equals_its_prompts_run_alone() {
         assert!(max_diff(&next_a[row * vocab..(row + 1) * vocab], &next_b) < 1e-6);
     }
 }
+
+#[test]
+fn token_ids_written_outside_the_vocabulary_are_refused() {
+    let model = load_fixture("gpt2-tied");
+    let batch = model.batch(vec![vec![1, 2, 3]]).unwrap();
+    let device = model.device().clone();
+    let ids: Tensor<2, Int> = Tensor::from_data([[1i64, 500, 3]], &device);
+    let error = model
+        .trace(
+            &batch,
+            &Interventions::new().set(Site::InputIds, Steps::At(0), SiteValue::Ids(ids)),
+        )
+        .unwrap_err();
+    assert!(matches!(error, Error::InvalidInput(_)), "{error}");
+    assert!(error.to_string().contains("500"), "{error}");
+}

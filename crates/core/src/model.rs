@@ -256,6 +256,7 @@ impl Model {
         let input_ids: Tensor<2, Int> =
             Tensor::from_data(TensorData::new(flat, [batch, tokens]), &self.device);
         let input_ids = hooks.visit(Site::InputIds, input_ids)?;
+        check_ids(&input_ids, layout.vocab)?;
         let (position_ids, attention_mask, token_mask) = call_masks(key_mask, tokens, &self.device);
         let input = CallInput {
             input_ids,
@@ -278,4 +279,24 @@ impl Model {
         let next_token_probs = hooks.visit(Site::NextTokenProbs, activation::softmax(last, 1))?;
         Ok((logits, next_token_probs))
     }
+}
+
+/// Refuses token ids outside the vocabulary (e.g. written to `input_ids`) before they index an
+/// embedding table.
+fn check_ids(ids: &Tensor<2, Int>, vocab: usize) -> Result<()> {
+    let [batch, tokens] = ids.dims();
+    if batch * tokens == 0 {
+        return Ok(());
+    }
+    let (min, max): (i64, i64) = (
+        ids.clone().min().into_scalar(),
+        ids.clone().max().into_scalar(),
+    );
+    if min < 0 || max >= vocab as i64 {
+        let bad = if min < 0 { min } else { max };
+        return Err(Error::InvalidInput(format!(
+            "input_ids holds token id {bad}, outside the vocabulary (size {vocab})"
+        )));
+    }
+    Ok(())
 }
