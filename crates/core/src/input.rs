@@ -4,7 +4,6 @@
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 use crate::error::{Error, Result};
-use crate::schema::CallDims;
 
 /// Prompts as token ids, left-padded to one length, with a mask of real (non-pad) positions.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -86,8 +85,6 @@ pub struct CallInput {
     /// `[B, T]`: 1.0 at this call's real tokens, 0.0 at padding (recurrent mixers zero their
     /// inputs there).
     pub token_mask: Tensor<2>,
-    /// `B`, `T`, `S` of this call.
-    pub dims: CallDims,
 }
 
 /// Position ids and attention mask for a call feeding the last `tokens` of `key_mask`'s

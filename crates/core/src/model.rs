@@ -11,7 +11,7 @@ use std::path::PathBuf;
 
 use crate::loading::{ArchConfig, LoadReport, ModelSource, WeightLoader};
 use crate::registry::{self, Architecture};
-use crate::schema::{CallDims, ModelLayout, Site};
+use crate::schema::{ModelLayout, Site};
 use crate::tokenizer::Tokenizer;
 
 /// An architecture's forward pass. Implementations serve every site they declare through
@@ -263,11 +263,6 @@ impl Model {
             position_ids,
             attention_mask,
             token_mask,
-            dims: CallDims {
-                batch,
-                tokens,
-                positions: key_mask.first().map_or(0, Vec::len),
-            },
         };
         let logits = self.network.forward(&input, cache, &mut hooks)?;
         let logits = hooks.visit(Site::Logits, logits)?;

@@ -110,11 +110,6 @@ impl<'a> Hooks<'a> {
         }
     }
 
-    /// The step this call is.
-    pub fn step(&self) -> usize {
-        self.step
-    }
-
     /// Whether anything reads, writes or records `site` in this call. Adapters use it to skip
     /// computing a value nobody looks at (e.g. explicit attention probabilities).
     pub fn observes(&self, site: Site) -> bool {
