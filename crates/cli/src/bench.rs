@@ -28,27 +28,60 @@ pub struct BenchArgs {
     new_tokens: Option<usize>,
 }
 
-/// Memory copy bandwidth of this machine now, in bytes copied per second (best of a few copies
-/// of a 256 MiB buffer, split over every available thread): the denominator of the decode
-/// roofline.
-fn copy_bandwidth_gb_per_s() -> f64 {
-    const LEN: usize = 256 << 20;
+/// Buffer streamed by the bandwidth probes: larger than any cache.
+const PROBE_BYTES: usize = 512 << 20;
+
+/// Runs `pass` (one share of a buffer per thread, on every available thread) a few times and
+/// returns the best rate in GB/s of `PROBE_BYTES` processed.
+fn best_rate_gb_per_s(mut pass: impl FnMut(usize)) -> f64 {
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
-    let source = vec![1u8; LEN];
-    let mut target = vec![0u8; LEN];
-    let chunk = LEN.div_ceil(threads);
     (0..5)
         .map(|_| {
             let start = Instant::now();
-            std::thread::scope(|scope| {
-                for (from, to) in source.chunks(chunk).zip(target.chunks_mut(chunk)) {
-                    scope.spawn(move || to.copy_from_slice(from));
-                }
-            });
-            std::hint::black_box(&target);
-            LEN as f64 / start.elapsed().as_secs_f64() / 1e9
+            pass(threads);
+            PROBE_BYTES as f64 / start.elapsed().as_secs_f64() / 1e9
         })
         .fold(0.0, f64::max)
+}
+
+/// Memory copy bandwidth of this machine now, in bytes copied per second: the denominator of
+/// the decode roofline.
+fn copy_bandwidth_gb_per_s() -> f64 {
+    let source = vec![1u8; PROBE_BYTES];
+    let mut target = vec![0u8; PROBE_BYTES];
+    best_rate_gb_per_s(|threads| {
+        let chunk = PROBE_BYTES.div_ceil(threads);
+        std::thread::scope(|scope| {
+            for (from, to) in source.chunks(chunk).zip(target.chunks_mut(chunk)) {
+                scope.spawn(move || to.copy_from_slice(from));
+            }
+        });
+        std::hint::black_box(&target);
+    })
+}
+
+/// Memory read bandwidth of this machine now (summing a buffer): what streaming the weights
+/// once per token can reach at best, reported beside the roofline.
+fn read_bandwidth_gb_per_s() -> f64 {
+    // Enough independent sums that the adds never wait on each other, even with SSE2 alone.
+    const LANES: usize = 32;
+    let source = vec![1.0f32; PROBE_BYTES / 4];
+    best_rate_gb_per_s(|threads| {
+        let chunk = source.len().div_ceil(threads);
+        std::thread::scope(|scope| {
+            for part in source.chunks(chunk) {
+                scope.spawn(move || {
+                    let mut lanes = [0.0f32; LANES];
+                    for values in part.chunks_exact(LANES) {
+                        for (lane, value) in lanes.iter_mut().zip(values) {
+                            *lane += value;
+                        }
+                    }
+                    std::hint::black_box(lanes);
+                });
+            }
+        });
+    })
 }
 
 /// Runs the benchmark and prints a JSON report (median and min milliseconds per variant).
@@ -123,6 +156,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     report.insert("new_tokens".into(), json!(args.new_tokens));
     report.insert("weight_bytes".into(), json!(model.weight_bytes()));
     report.insert("copy_gb_per_s".into(), json!(copy_bandwidth_gb_per_s()));
+    report.insert("read_gb_per_s".into(), json!(read_bandwidth_gb_per_s()));
     report.insert("sites".into(), json!(model.layout().call_order().len()));
     println!("{}", serde_json::Value::Object(report));
     Ok(())

@@ -51,6 +51,8 @@ enum Command {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // Generation with saved sites allocates fresh buffers every step: keep freed memory.
+    hookscope_core::memory::keep_freed_memory();
     for path in &cli.plugin {
         if let Err(error) = hookscope_core::plugin::load(path) {
             eprintln!("error: {error}");

@@ -14,6 +14,7 @@ pub mod generate;
 pub mod hooks;
 pub mod input;
 pub mod loading;
+pub mod memory;
 pub mod model;
 pub mod nn;
 pub mod output;

@@ -3,11 +3,11 @@
 //! The weight is kept as stored: a torch `[out, in]` matrix is used through a transposed view,
 //! never copied. The map folds every leading axis into the rows of one 2-D matrix product, which
 //! reads strided operands directly (burn's `linear` would first copy a strided weight, on every
-//! call).
+//! call). Products with few rows (decoding) take the bandwidth-bound path of `matvec`.
 
 use burn::tensor::Tensor;
 
-use super::Embedding;
+use super::{Embedding, matvec};
 use crate::loading::WeightLoader;
 
 /// An affine map; `weight` is an `[in, out]` view of the stored matrix.
@@ -76,12 +76,16 @@ impl Linear {
         let mut dims = x.dims();
         let d_in = dims[D - 1];
         let rows = dims[..D - 1].iter().product::<usize>();
-        let y = x.reshape([rows, d_in]).matmul(self.weight.clone());
+        let x = x.reshape([rows, d_in]);
+        dims[D - 1] = self.weight.dims()[1];
+        if let Some(y) = matvec::try_forward(&x, &self.weight, self.bias.as_ref()) {
+            return y.reshape(dims);
+        }
+        let y = x.matmul(self.weight.clone());
         let y = match &self.bias {
             Some(bias) => y + bias.clone().unsqueeze::<2>(),
             None => y,
         };
-        dims[D - 1] = self.weight.dims()[1];
         y.reshape(dims)
     }
 }

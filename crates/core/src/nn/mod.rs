@@ -6,6 +6,7 @@ mod block;
 mod conv;
 mod embedding;
 mod linear;
+mod matvec;
 mod norm;
 mod rotary;
 
