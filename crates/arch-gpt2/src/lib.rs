@@ -145,11 +145,7 @@ impl Gpt2 {
         let lm_head = Linear::head(loader, "lm_head", &wte, config.tie_word_embeddings);
         let layer = LayerSpec::attention(heads, heads, head_dim);
         Ok(Gpt2 {
-            layout: ModelLayout {
-                hidden: h,
-                vocab: config.vocab_size,
-                layers: vec![layer; config.n_layer],
-            },
+            layout: ModelLayout::uniform(h, config.vocab_size, layer, config.n_layer),
             config,
             activation,
             wte,

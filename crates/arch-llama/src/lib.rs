@@ -100,11 +100,7 @@ impl Llama {
         let lm_head = Linear::head(loader, "lm_head", &embed_tokens, config.tie_word_embeddings);
         let layer = LayerSpec::attention(heads, kv_heads, head_dim);
         Ok(Llama {
-            layout: ModelLayout {
-                hidden: h,
-                vocab: config.vocab_size,
-                layers: vec![layer; config.num_hidden_layers],
-            },
+            layout: ModelLayout::uniform(h, config.vocab_size, layer, config.num_hidden_layers),
             rotary: Rotary::new(head_dim, theta, scaling),
             config,
             activation,

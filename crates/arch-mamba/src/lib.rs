@@ -185,11 +185,7 @@ impl Mamba {
             has_mlp: false,
         };
         Ok(Mamba {
-            layout: ModelLayout {
-                hidden: h,
-                vocab: config.vocab_size,
-                layers: vec![layer; config.num_hidden_layers],
-            },
+            layout: ModelLayout::uniform(h, config.vocab_size, layer, config.num_hidden_layers),
             activation,
             inner: e,
             rank,

@@ -176,11 +176,7 @@ impl GptNeox {
         let embed_out = Linear::head(loader, "embed_out", &embed_in, config.tie_word_embeddings);
         let layer = LayerSpec::attention(heads, heads, head_dim);
         Ok(GptNeox {
-            layout: ModelLayout {
-                hidden: h,
-                vocab: config.vocab_size,
-                layers: vec![layer; config.num_hidden_layers],
-            },
+            layout: ModelLayout::uniform(h, config.vocab_size, layer, config.num_hidden_layers),
             rotary: Rotary::new(rotary_dims, theta, RopeScaling::Default),
             config,
             activation,

@@ -152,6 +152,15 @@ pub struct ModelLayout {
 const SLOTS_PER_LAYER: usize = 4 + MixerSite::ALL.len();
 
 impl ModelLayout {
+    /// A model whose `count` blocks all have the same `layer` declaration.
+    pub fn uniform(hidden: usize, vocab: usize, layer: LayerSpec, count: usize) -> Self {
+        ModelLayout {
+            hidden,
+            vocab,
+            layers: vec![layer; count],
+        }
+    }
+
     /// Every site of one call, in the order the step-order contract prescribes.
     pub fn call_order(&self) -> Vec<Site> {
         let mut order = vec![Site::InputIds, Site::TokenEmbeddings];
