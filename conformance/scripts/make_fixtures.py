@@ -44,6 +44,8 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from transformers.modeling_utils import AttentionInterface
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
+# The embedded default model lives inside the crate that embeds it.
+EMBEDDED = Path(__file__).resolve().parents[2] / "crates" / "hookscope" / "embedded" / "gpt2-tiny"
 NEW_TOKENS = 4
 
 
@@ -386,6 +388,9 @@ def make_default_model(bpe_dir):
     directory = FIXTURES / "gpt2-tiny"
     write_case(directory, model, prompts, eos, zero=(0, 1), keep=keep, dtype=torch.float16)
     tok.save(str(directory / "tokenizer.json"), pretty=False)
+    EMBEDDED.mkdir(parents=True, exist_ok=True)
+    for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json"):
+        shutil.copy(directory / name, EMBEDDED / name)
 
 
 def make_parity_models():

@@ -3,9 +3,9 @@
 
 use std::path::Path;
 
-use hookscope_core::hooks::Action;
-use hookscope_core::hooks::Write;
-use hookscope_core::{
+use hookscope::hooks::Action;
+use hookscope::hooks::Write;
+use hookscope::{
     Decoding, Interventions, LayerSite, MixerSite, Model, ModelSource, Saved, Site, Steps,
 };
 
@@ -19,7 +19,7 @@ pub enum ParityError {
     Reference(#[from] ReferenceError),
     /// hookscope failed to load or run the model.
     #[error(transparent)]
-    Hookscope(#[from] hookscope_core::Error),
+    Hookscope(#[from] hookscope::Error),
 }
 
 /// Selects every site.
@@ -53,75 +53,79 @@ pub struct ParityReport {
     pub mismatches: Vec<String>,
 }
 
-impl ParityReport {
+/// One fixture's comparison in progress: what is compared against what, and the report so far.
+struct Comparison<'a> {
+    reference: &'a Reference,
+    /// The sites compared at every step.
+    sites: &'a [Site],
+    /// Largest absolute difference accepted.
+    tolerance: f64,
+    report: ParityReport,
+}
+
+impl Comparison<'_> {
     fn compare(
         &mut self,
         key: String,
         got: Option<RefTensor>,
-        expected: Option<RefTensor>,
-        tolerance: f64,
-    ) {
-        let (got, expected) = match (got, expected) {
-            (_, None) => return self.unreferenced.push(key),
-            (None, Some(_)) => return self.mismatches.push(format!("{key}: not served")),
-            (Some(got), Some(expected)) => (got, expected),
-        };
-        match got.max_abs_diff(&expected) {
-            None => self.mismatches.push(format!(
-                "{key}: shape {:?}, transformers has {:?}",
-                got.shape, expected.shape
-            )),
-            Some((diff, index)) if diff > tolerance => self.mismatches.push(format!(
-                "{key}: max |diff| {diff:.3e} at flat index {index} (hookscope {}, transformers {})",
-                got.values[index], expected.values[index]
-            )),
-            Some(_) => self.matched.push(key),
-        }
-    }
-
-    /// Compares every selected site at `steps` steps of `saved` with `{prefix}/{site}@{step}`.
-    fn compare_saved(
-        &mut self,
-        reference: &Reference,
-        prefix: &str,
-        saved: &Saved,
-        sites: &[Site],
-        steps: usize,
         tolerance: f64,
     ) -> Result<(), ParityError> {
+        let expected = self.reference.get(&key)?;
+        let report = &mut self.report;
+        match (got, expected) {
+            (_, None) => report.unreferenced.push(key),
+            (None, Some(_)) => report.mismatches.push(format!("{key}: not served")),
+            (Some(got), Some(expected)) => match got.max_abs_diff(&expected) {
+                None => report.mismatches.push(format!(
+                    "{key}: shape {:?}, transformers has {:?}",
+                    got.shape, expected.shape
+                )),
+                Some((diff, index)) if diff > tolerance => report.mismatches.push(format!(
+                    "{key}: max |diff| {diff:.3e} at flat index {index} (hookscope {}, \
+                     transformers {})",
+                    got.values[index], expected.values[index]
+                )),
+                Some(_) => report.matched.push(key),
+            },
+        }
+        Ok(())
+    }
+
+    /// Compares every site at `steps` steps of `saved` with `{prefix}/{site}@{step}`.
+    fn compare_saved(
+        &mut self,
+        prefix: &str,
+        saved: &Saved,
+        steps: usize,
+    ) -> Result<(), ParityError> {
         for step in 0..steps {
-            for site in sites {
+            for site in self.sites {
                 let key = format!("{prefix}/{site}@{step}");
                 let got = match saved
                     .get(*site, step)
                     .map(|v| RefTensor::from_data(&v.to_data()))
                 {
                     Some(Err(message)) => {
-                        self.mismatches
+                        self.report
+                            .mismatches
                             .push(format!("{key}: unreadable value: {message}"));
                         continue;
                     }
                     other => other.and_then(Result::ok),
                 };
-                self.compare(key.clone(), got, reference.get(&key)?, tolerance);
+                self.compare(key, got, self.tolerance)?;
             }
         }
         Ok(())
     }
 
-    fn compare_ids(
-        &mut self,
-        reference: &Reference,
-        prefix: &str,
-        ids: &[u32],
-    ) -> Result<(), ParityError> {
-        let key = format!("{prefix}/output_ids");
+    /// Compares generated token ids with `{prefix}/output_ids`, exactly.
+    fn compare_ids(&mut self, prefix: &str, ids: &[u32]) -> Result<(), ParityError> {
         let got = RefTensor {
             shape: vec![ids.len()],
             values: ids.iter().map(|id| f64::from(*id)).collect(),
         };
-        self.compare(key.clone(), Some(got), reference.get(&key)?, 0.0);
-        Ok(())
+        self.compare(format!("{prefix}/output_ids"), Some(got), 0.0)
     }
 }
 
@@ -158,19 +162,17 @@ pub fn check_prompt_call(
         .filter(select)
         .collect();
     let interventions = save(&sites, Steps::At(0));
-    let mut report = ParityReport::default();
+    let mut comparison = Comparison {
+        reference: &reference,
+        sites: &sites,
+        tolerance,
+        report: ParityReport::default(),
+    };
     for (k, prompt) in reference.prompts.prompts.iter().enumerate() {
         let trace = model.trace(&model.batch(vec![prompt.clone()])?, &interventions)?;
-        report.compare_saved(
-            &reference,
-            &format!("prompt{k}"),
-            &trace.saved,
-            &sites,
-            1,
-            tolerance,
-        )?;
+        comparison.compare_saved(&format!("prompt{k}"), &trace.saved, 1)?;
     }
-    Ok(report)
+    Ok(comparison.report)
 }
 
 /// Generates greedily from every prompt of the fixture saving every site at every step, and
@@ -185,20 +187,18 @@ pub fn check_generation(dir: &Path, tolerance: f64) -> Result<ParityReport, Pari
     // transformers generated exactly `new_tokens` tokens with no EOS.
     config.eos_token_ids.clear();
     let all = save(&sites, Steps::All);
-    let mut report = ParityReport::default();
+    let mut comparison = Comparison {
+        reference: &reference,
+        sites: &sites,
+        tolerance,
+        report: ParityReport::default(),
+    };
     let prompts = &reference.prompts.prompts;
     for (k, prompt) in prompts.iter().enumerate() {
         let generation = model.generate(&model.batch(vec![prompt.clone()])?, &all, &config)?;
         let prefix = format!("prompt{k}");
-        report.compare_ids(&reference, &prefix, &generation.output_ids[0])?;
-        report.compare_saved(
-            &reference,
-            &prefix,
-            &generation.saved,
-            &sites,
-            generation.steps,
-            tolerance,
-        )?;
+        comparison.compare_ids(&prefix, &generation.output_ids[0])?;
+        comparison.compare_saved(&prefix, &generation.saved, generation.steps)?;
     }
     let zero = &reference.prompts.zero;
     let mut edited = all.clone();
@@ -209,14 +209,7 @@ pub fn check_generation(dir: &Path, tolerance: f64) -> Result<ParityReport, Pari
     );
     let prompt = prompts.get(zero.prompt).cloned().unwrap_or_default();
     let generation = model.generate(&model.batch(vec![prompt])?, &edited, &config)?;
-    report.compare_ids(&reference, "zero0", &generation.output_ids[0])?;
-    report.compare_saved(
-        &reference,
-        "zero0",
-        &generation.saved,
-        &sites,
-        generation.steps,
-        tolerance,
-    )?;
-    Ok(report)
+    comparison.compare_ids("zero0", &generation.output_ids[0])?;
+    comparison.compare_saved("zero0", &generation.saved, generation.steps)?;
+    Ok(comparison.report)
 }

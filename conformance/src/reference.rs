@@ -2,7 +2,7 @@
 
 use std::path::{Path, PathBuf};
 
-use hookscope_core::burn::tensor::TensorData;
+use hookscope::burn::tensor::TensorData;
 use safetensors::SafeTensors;
 use safetensors::tensor::Dtype;
 use serde::Deserialize;

@@ -5,15 +5,16 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use hookscope_core::burn::tensor::Device;
-use hookscope_core::decoding::argmax;
-use hookscope_core::schema::{CallDims, MixerKind};
-use hookscope_core::{
+use hookscope::burn::tensor::Device;
+use hookscope::decoding::argmax;
+use hookscope::schema::{CallDims, MixerKind};
+use hookscope::{
     Architecture, Decoding, Generation, GenerationConfig, Interventions, LayerSite, MixerSite,
     Model, Site, SiteValue, Steps,
 };
 use serde::Serialize;
 
+use crate::order::{Recorder, check_call_order};
 use crate::parity::{all_sites, check_generation, check_prompt_call};
 
 /// Decode steps after the prompt call.
@@ -28,9 +29,10 @@ const SEED: u64 = 7;
 pub struct CheckOutcome {
     /// The check's name.
     pub check: &'static str,
-    /// `pass`, `fail` or `n/a`.
+    /// `pass`, `fail`, `n/a` (the check does not apply to this architecture) or `skipped`
+    /// (it could not run here; the detail says why).
     pub status: &'static str,
-    /// For a failure: the first differing value, or the error.
+    /// For a failure: the first differing value, or the error; for a skip, the reason.
     pub detail: String,
 }
 
@@ -52,16 +54,17 @@ impl ArchReport {
 
 type CheckResult = Result<Option<()>, String>;
 
-/// Runs every check against every statically registered architecture.
-pub fn run_all(fixtures: &Path) -> Vec<ArchReport> {
-    hookscope_core::registry::registered()
+/// Runs every check against every registered architecture (built-in, linked or plugin);
+/// parity against the fixtures in `fixtures`, skipped when there is no such folder.
+pub fn run_all(fixtures: Option<&Path>) -> Vec<ArchReport> {
+    hookscope::registry::registered()
         .into_iter()
         .map(|arch| run(arch, fixtures))
         .collect()
 }
 
 /// Runs every check against one architecture.
-pub fn run(arch: &'static Architecture, fixtures: &Path) -> ArchReport {
+pub fn run(arch: &'static Architecture, fixtures: Option<&Path>) -> ArchReport {
     let mut checks = Vec::new();
     let mut record = |check: &'static str, result: CheckResult| {
         let (status, detail) = match result {
@@ -91,7 +94,17 @@ pub fn run(arch: &'static Architecture, fixtures: &Path) -> ArchReport {
             record("cache = recompute", subject.cache_equals_recompute());
         }
     }
-    record("transformers parity", parity(arch, fixtures));
+    match fixtures {
+        Some(fixtures) => record("transformers parity", parity(arch, fixtures)),
+        None => checks.push(CheckOutcome {
+            check: "transformers parity",
+            status: "skipped",
+            detail: format!(
+                "no fixtures folder (pass --fixtures DIR or set {})",
+                crate::FIXTURES_ENV
+            ),
+        }),
+    }
     ArchReport {
         arch: arch.name,
         checks,
@@ -118,8 +131,11 @@ pub fn table(reports: &[ArchReport]) -> String {
         out += &format!("| {} | {} |\n", report.arch, cells.join(" | "));
     }
     for report in reports {
-        for check in report.checks.iter().filter(|c| c.status == "fail") {
-            out += &format!("\n{} / {}: {}", report.arch, check.check, check.detail);
+        for check in report.checks.iter().filter(|c| !c.detail.is_empty()) {
+            out += &format!(
+                "\n{} / {} {}: {}",
+                report.arch, check.check, check.status, check.detail
+            );
         }
     }
     out
@@ -130,11 +146,13 @@ struct Subject {
     model: Model,
     prompts: Vec<Vec<u32>>,
     config: GenerationConfig,
-    /// Every site saved at every step of a recorded generation of both prompts, padded.
+    /// Every site saved at every step of a generation of both prompts, padded.
     batch_run: Generation,
+    /// The sites `batch_run` served, per step, in order.
+    batch_order: Vec<Vec<Site>>,
 }
 
-fn error(e: hookscope_core::Error) -> String {
+fn error(e: hookscope::Error) -> String {
     e.to_string()
 }
 
@@ -177,14 +195,16 @@ impl Subject {
         config.max_new_tokens = STEPS;
         config.eos_token_ids.clear();
         let batch = model.batch(prompts.clone()).map_err(error)?;
+        let mut recorder = Recorder::default();
         let batch_run = model
-            .generate_recording_order(&batch, &save_all(&model), &config)
+            .generate_observed(&batch, &save_all(&model), &config, &mut recorder)
             .map_err(error)?;
         Ok(Subject {
             model,
             prompts,
             config,
             batch_run,
+            batch_order: recorder.steps,
         })
     }
 
@@ -198,7 +218,7 @@ impl Subject {
 
     fn served_once(&self) -> CheckResult {
         let declared = self.model.layout().call_order();
-        for (step, served) in self.batch_run.order.iter().enumerate() {
+        for (step, served) in self.batch_order.iter().enumerate() {
             let mut counts: BTreeMap<Site, i64> = BTreeMap::new();
             for site in served {
                 *counts.entry(*site).or_default() += 1;
@@ -220,16 +240,44 @@ impl Subject {
 
     fn contract_order(&self) -> CheckResult {
         let declared = self.model.layout().call_order();
-        for (step, served) in self.batch_run.order.iter().enumerate() {
+        for (step, served) in self.batch_order.iter().enumerate() {
             if let Some(i) =
                 (0..declared.len().max(served.len())).find(|i| declared.get(*i) != served.get(*i))
             {
                 let name = |s: Option<&Site>| s.map_or("nothing".into(), ToString::to_string);
                 return Err(format!(
-                    "step {step}, position {i}: served `{}`, the declaration says `{}`",
+                    "every site observed: step {step}, position {i}: served `{}`, the \
+                     declaration says `{}`",
                     name(served.get(i)),
                     name(declared.get(i))
                 ));
+            }
+        }
+        // The same contract where fused kernels may run: no site observed, and one interior
+        // site observed per layer (the mixer's last, its head outputs).
+        let head_outputs: Vec<Site> = declared
+            .iter()
+            .copied()
+            .filter(|site| {
+                matches!(site, Site::Layer { site: LayerSite::Mixer(_, interior), .. }
+                    if *interior == MixerSite::AttentionHeadOutputs)
+            })
+            .collect();
+        for (what, observed) in [
+            ("no site observed", vec![]),
+            ("head outputs observed", head_outputs),
+        ] {
+            let requests = observed.iter().fold(Interventions::new(), |acc, site| {
+                acc.save(*site, Steps::All)
+            });
+            let batch = self.model.batch(self.prompts.clone()).map_err(error)?;
+            let mut recorder = Recorder::default();
+            self.model
+                .generate_observed(&batch, &requests, &self.config, &mut recorder)
+                .map_err(error)?;
+            for (step, served) in recorder.steps.iter().enumerate() {
+                check_call_order(&declared, served, |site| observed.contains(site))
+                    .map_err(|e| format!("{what}: step {step}: {e}"))?;
             }
         }
         Ok(Some(()))
@@ -511,9 +559,8 @@ impl Subject {
 /// Parity with `transformers` on every fixture in `fixtures` whose `model_type` this
 /// architecture serves; not applicable where there is none.
 fn parity(arch: &'static Architecture, fixtures: &Path) -> CheckResult {
-    let Ok(entries) = std::fs::read_dir(fixtures) else {
-        return Ok(None);
-    };
+    let entries = std::fs::read_dir(fixtures)
+        .map_err(|e| format!("cannot read fixtures folder {}: {e}", fixtures.display()))?;
     let mut dirs: Vec<_> = entries
         .filter_map(|e| e.ok().map(|e| e.path()))
         .filter(|dir| dir.join("reference.safetensors").is_file())

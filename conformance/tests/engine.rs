@@ -3,14 +3,15 @@
 mod common;
 
 use common::{floats, load_fixture, max_diff, values};
-use hookscope_core::burn::tensor::{Int, Tensor};
-use hookscope_core::{Error, Interventions, LayerSite, MixerSite, Site, SiteValue, Steps};
+use hookscope::burn::tensor::{Int, Tensor};
+use hookscope::{Error, Interventions, LayerSite, MixerSite, Site, SiteValue, Steps};
+use hookscope_conformance::order::{Recorder, check_call_order};
 
 fn layer(layer: usize, site: LayerSite) -> Site {
     Site::layer(layer, site)
 }
 
-fn save_all(model: &hookscope_core::Model) -> Interventions {
+fn save_all(model: &hookscope::Model) -> Interventions {
     model
         .layout()
         .call_order()
@@ -21,13 +22,42 @@ fn save_all(model: &hookscope_core::Model) -> Interventions {
 }
 
 #[test]
-fn served_order_is_the_declared_contract_order() {
+fn observing_the_order_does_not_change_the_attention_path() {
     let model = load_fixture("gpt2-tied");
     let batch = model.batch(vec![vec![3, 1, 4, 1, 5]]).unwrap();
-    let trace = model
-        .trace_recording_order(&batch, &Interventions::new())
+    let declared = model.layout().call_order();
+    // Nobody reads the attention pattern: the fused path runs and does not serve it.
+    let mut fused = Recorder::default();
+    model
+        .trace_observed(&batch, &Interventions::new(), &mut fused)
         .unwrap();
-    assert_eq!(trace.order, model.layout().call_order());
+    let is_pattern = |site: &Site| {
+        matches!(site, Site::Layer { site: LayerSite::Mixer(_, s), .. }
+            if matches!(s, MixerSite::AttentionScores | MixerSite::AttentionProbabilities))
+    };
+    let without_pattern: Vec<Site> = declared
+        .iter()
+        .copied()
+        .filter(|s| !is_pattern(s))
+        .collect();
+    assert_eq!(fused.steps, [without_pattern]);
+    // Reading one layer's probabilities makes that layer, and only it, serve its pattern.
+    let probabilities = Site::self_attn(1, MixerSite::AttentionProbabilities);
+    let mut explicit = Recorder::default();
+    model
+        .trace_observed(
+            &batch,
+            &Interventions::new().save(probabilities, Steps::At(0)),
+            &mut explicit,
+        )
+        .unwrap();
+    let expected: Vec<Site> = declared
+        .iter()
+        .copied()
+        .filter(|s| !is_pattern(s) || matches!(s, Site::Layer { layer: 1, .. }))
+        .collect();
+    assert_eq!(explicit.steps, [expected]);
+    check_call_order(&declared, &explicit.steps[0], |s| *s == probabilities).unwrap();
 }
 
 #[test]
@@ -59,7 +89,7 @@ fn a_zeroed_residual_flows_into_later_layers_only() {
                 .zero(layer(0, LayerSite::LayerOutput), Steps::At(0)),
         )
         .unwrap();
-    let get = |trace: &hookscope_core::Trace, site| values(trace.saved.get(site, 0).unwrap());
+    let get = |trace: &hookscope::Trace, site| values(trace.saved.get(site, 0).unwrap());
     // Before the write: untouched.
     assert_eq!(
         get(&plain, layer(0, LayerSite::MlpOutput)),

@@ -3,9 +3,9 @@
 mod common;
 
 use common::{load_fixture, max_diff, values};
-use hookscope_core::decoding::argmax;
-use hookscope_core::schema::CallDims;
-use hookscope_core::{
+use hookscope::decoding::argmax;
+use hookscope::schema::CallDims;
+use hookscope::{
     Decoding, Error, GenerationConfig, Interventions, LayerSite, MixerSite, Model, Site, SiteValue,
     Steps,
 };
@@ -133,8 +133,7 @@ fn a_write_at_step_k_leaves_earlier_steps_bit_identical() {
     }
     assert_eq!(plain.new_tokens(0)[0], edited.new_tokens(0)[0]);
     // Step 1 changes from the zeroed layer on, and the change is carried to later steps.
-    let at =
-        |run: &hookscope_core::Generation, site, step| values(run.saved.get(site, step).unwrap());
+    let at = |run: &hookscope::Generation, site, step| values(run.saved.get(site, step).unwrap());
     assert_eq!(
         at(&plain, layer_output(0), 1),
         at(&edited, layer_output(0), 1)

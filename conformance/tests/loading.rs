@@ -3,9 +3,9 @@
 mod common;
 
 use common::{copy_fixture, load, load_fixture, read_tensors, write_tensors};
-use hookscope_core::{Error, Interventions, ModelSource};
+use hookscope::{Error, Interventions, ModelSource};
 
-fn error_of(result: hookscope_core::Result<hookscope_core::Model>) -> Error {
+fn error_of(result: hookscope::Result<hookscope::Model>) -> Error {
     match result {
         Ok(_) => panic!("loading should have failed"),
         Err(error) => error,

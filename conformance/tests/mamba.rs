@@ -3,7 +3,7 @@
 mod common;
 
 use common::{load_fixture, max_diff, values};
-use hookscope_core::{
+use hookscope::{
     Decoding, Error, GenerationConfig, Interventions, LayerSite, MixerSite, Model, Site, Steps,
 };
 

@@ -1,31 +1,56 @@
-//! The conformance suite over every built-in adapter, and proof that it catches a broken one.
+//! The conformance suite over every registered adapter, and proof that it catches a broken one.
 
+use hookscope::cache::ModelCache;
+use hookscope::registry;
+use hookscope::{
+    ArchConfig, Architecture, BUILTIN, Call, CausalLm, ModelLayout, Result, WeightLoader,
+};
 use hookscope_arch_gpt2::Gpt2;
 use hookscope_conformance::fixtures_dir;
 use hookscope_conformance::suite::{run, run_all, table};
-use hookscope_core::cache::ModelCache;
-use hookscope_core::{
-    ArchConfig, Architecture, CallInput, CausalLm, Hooks, ModelLayout, Result, WeightLoader,
-};
 
 #[test]
-fn every_builtin_adapter_passes_every_check() {
-    let reports = run_all(&fixtures_dir());
-    let names: Vec<&str> = reports.iter().map(|r| r.arch).collect();
-    assert!(
-        names.contains(&"gpt2") && names.contains(&"llama"),
-        "{names:?}"
+fn every_registered_adapter_is_checked_and_every_builtin_passes_with_parity() {
+    let fixtures = fixtures_dir();
+    let reports = run_all(Some(&fixtures));
+    let checked: Vec<&str> = reports.iter().map(|r| r.arch).collect();
+    let registered: Vec<&str> = registry::registered().iter().map(|a| a.name).collect();
+    assert_eq!(
+        checked, registered,
+        "the suite must check every registered architecture"
     );
     let text = table(&reports);
     println!("{text}");
-    for report in reports.iter().filter(|r| r.arch != "misdeclared") {
+    for arch in BUILTIN {
+        let report = reports
+            .iter()
+            .find(|r| r.arch == arch.name)
+            .unwrap_or_else(|| panic!("built-in `{}` is not registered", arch.name));
         assert!(report.passed(), "{text}");
+        // A built-in architecture comes with a fixture case: parity must have run.
         let parity = report
             .checks
             .iter()
             .find(|c| c.check == "transformers parity");
-        assert_eq!(parity.map(|c| c.status), Some("pass"), "{text}");
+        assert_eq!(
+            parity.map(|c| c.status),
+            Some("pass"),
+            "`{}` needs a parity fixture (conformance/scripts/make_fixtures.py)\n{text}",
+            arch.name
+        );
     }
+}
+
+#[test]
+fn without_fixtures_parity_is_reported_skipped_not_passed() {
+    let report = run(BUILTIN[0], None);
+    let parity = report
+        .checks
+        .iter()
+        .find(|c| c.check == "transformers parity")
+        .unwrap();
+    assert_eq!(parity.status, "skipped");
+    assert!(parity.detail.contains("--fixtures"), "{}", parity.detail);
 }
 
 /// GPT-2 that declares no MLP but serves `mlp_output` anyway.
@@ -55,17 +80,12 @@ impl CausalLm for Misdeclared {
     fn new_cache(&self) -> ModelCache {
         self.inner.new_cache()
     }
-    fn forward(
-        &self,
-        input: &CallInput,
-        cache: &mut ModelCache,
-        hooks: &mut Hooks<'_>,
-    ) -> Result<hookscope_core::burn::tensor::Tensor<3>> {
-        self.inner.forward(input, cache, hooks)
+    fn forward(&self, call: &mut Call<'_>) -> Result<hookscope::burn::tensor::Tensor<3>> {
+        self.inner.forward(call)
     }
 }
 
-hookscope_core::register_architecture!(
+hookscope::register_architecture!(
     Misdeclared,
     name: "misdeclared",
     model_types: ["misdeclared-gpt2"],
@@ -76,11 +96,11 @@ hookscope_core::register_architecture!(
 
 #[test]
 fn a_misdeclared_adapter_fails_with_the_first_difference() {
-    let arch: &'static Architecture = hookscope_core::registry::registered()
+    let arch: &'static Architecture = registry::registered()
         .into_iter()
         .find(|a| a.name == "misdeclared")
         .unwrap();
-    let report = run(arch, &fixtures_dir());
+    let report = run(arch, Some(&fixtures_dir()));
     assert!(!report.passed());
     let status = |name: &str| {
         let check = report.checks.iter().find(|c| c.check == name).unwrap();

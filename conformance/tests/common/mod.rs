@@ -5,9 +5,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use hookscope::burn::tensor::Device;
+use hookscope::{Model, ModelSource};
 use hookscope_conformance::fixtures_dir;
-use hookscope_core::burn::tensor::Device;
-use hookscope_core::{Model, ModelSource};
 use safetensors::SafeTensors;
 use safetensors::tensor::{Dtype, TensorView};
 
@@ -22,7 +22,7 @@ pub fn copy_fixture(name: &str) -> tempfile::TempDir {
 }
 
 /// Loads a model directory on the default device.
-pub fn load(dir: &Path) -> hookscope_core::Result<Model> {
+pub fn load(dir: &Path) -> hookscope::Result<Model> {
     Model::load(
         &ModelSource::Directory(dir.to_path_buf()),
         &Device::default(),
@@ -67,12 +67,12 @@ pub fn write_tensors(path: &Path, tensors: &RawTensors) {
 }
 
 /// A site value's elements as f32.
-pub fn values(value: &hookscope_core::SiteValue) -> Vec<f32> {
+pub fn values(value: &hookscope::SiteValue) -> Vec<f32> {
     floats(value.to_data())
 }
 
 /// Tensor data's elements as f32.
-pub fn floats(data: hookscope_core::burn::tensor::TensorData) -> Vec<f32> {
+pub fn floats(data: hookscope::burn::tensor::TensorData) -> Vec<f32> {
     data.convert::<f32>().try_into_vec::<f32>().unwrap()
 }
 

@@ -8,13 +8,12 @@
 //! `Conv1D` weights laid out `[in, out]`, `lm_head.weight` stored only when untied.
 
 use hookscope_core::burn::tensor::Tensor;
-use hookscope_core::cache::ModelCache;
 use hookscope_core::nn::{
     Activation, Embedding, LayerNorm, Linear, SoftmaxAttention, residual_block,
 };
 use hookscope_core::schema::LayerSpec;
 use hookscope_core::{
-    ArchConfig, CallInput, CausalLm, Hooks, ModelLayout, Result, Site, WeightLoader,
+    ArchConfig, Architecture, Call, CausalLm, ModelLayout, Result, Site, WeightLoader,
 };
 use serde::Deserialize;
 
@@ -129,6 +128,7 @@ impl Gpt2 {
                     ln_1: LayerNorm::load(loader, &block("ln_1"), h, config.layer_norm_epsilon),
                     c_attn: Linear::load_conv1d(loader, &block("attn.c_attn"), h, 3 * h),
                     attention: SoftmaxAttention {
+                        layer: i,
                         heads,
                         kv_heads: heads,
                         head_dim,
@@ -166,16 +166,11 @@ impl CausalLm for Gpt2 {
         Some(self.config.n_positions)
     }
 
-    fn forward(
-        &self,
-        input: &CallInput,
-        cache: &mut ModelCache,
-        hooks: &mut Hooks<'_>,
-    ) -> Result<Tensor<3>> {
-        let [batch, tokens] = input.input_ids.dims();
-        let embeddings = self.wte.forward(input.input_ids.clone());
-        let embeddings = hooks.visit(Site::TokenEmbeddings, embeddings)?;
-        let mut hidden = embeddings + self.wpe.forward(input.position_ids.clone());
+    fn forward(&self, call: &mut Call<'_>) -> Result<Tensor<3>> {
+        let [batch, tokens] = call.dims();
+        let embeddings = self.wte.forward(call.input_ids());
+        let embeddings = call.visit(Site::TokenEmbeddings, embeddings)?;
+        let mut hidden = embeddings + self.wpe.forward(call.position_ids());
         let split_heads = |x: Tensor<3>, heads: usize| -> Tensor<4> {
             x.reshape([batch, tokens, heads, self.config.n_embd / heads])
                 .swap_dims(1, 2)
@@ -184,24 +179,15 @@ impl CausalLm for Gpt2 {
             hidden = residual_block(
                 layer,
                 hidden,
-                hooks,
-                |hidden, hooks| {
+                call,
+                |hidden, call| {
                     let qkv = block.c_attn.forward(block.ln_1.forward(hidden));
                     let h = self.config.n_embd;
                     let heads = block.attention.heads;
                     let q = split_heads(qkv.clone().slice_dim(2, 0..h), heads);
                     let k = split_heads(qkv.clone().slice_dim(2, h..2 * h), heads);
                     let v = split_heads(qkv.slice_dim(2, 2 * h..3 * h), heads);
-                    let mask = &input.attention_mask;
-                    let mixed = block.attention.forward(
-                        layer,
-                        q,
-                        k,
-                        v,
-                        mask,
-                        cache.key_value(layer)?,
-                        hooks,
-                    )?;
+                    let mixed = block.attention.forward(q, k, v, call)?;
                     Ok(block.c_proj.forward(mixed))
                 },
                 Some(|hidden| {
@@ -214,7 +200,8 @@ impl CausalLm for Gpt2 {
     }
 }
 
-hookscope_core::register_architecture!(
+/// GPT-2, as the registry lists it.
+pub static ARCHITECTURE: Architecture = hookscope_core::architecture!(
     Gpt2,
     name: "gpt2",
     model_types: ["gpt2"],

@@ -12,13 +12,12 @@
 mod config;
 
 use hookscope_core::burn::tensor::Tensor;
-use hookscope_core::cache::ModelCache;
 use hookscope_core::nn::{
     Activation, Embedding, Linear, RmsNorm, Rotary, SoftmaxAttention, residual_block,
 };
 use hookscope_core::schema::LayerSpec;
 use hookscope_core::{
-    ArchConfig, CallInput, CausalLm, Hooks, ModelLayout, Result, Site, WeightLoader,
+    ArchConfig, Architecture, Call, CausalLm, ModelLayout, Result, Site, WeightLoader,
 };
 
 pub use config::LlamaConfig;
@@ -79,6 +78,7 @@ impl Llama {
                     v_proj: linear(loader, "self_attn.v_proj", h, kv_heads * head_dim, qkv_bias),
                     o_proj: linear(loader, "self_attn.o_proj", heads * head_dim, h, o_bias),
                     attention: SoftmaxAttention {
+                        layer: i,
                         heads,
                         kv_heads,
                         head_dim,
@@ -117,17 +117,12 @@ impl CausalLm for Llama {
         &self.layout
     }
 
-    fn forward(
-        &self,
-        input: &CallInput,
-        cache: &mut ModelCache,
-        hooks: &mut Hooks<'_>,
-    ) -> Result<Tensor<3>> {
-        let [batch, tokens] = input.input_ids.dims();
+    fn forward(&self, call: &mut Call<'_>) -> Result<Tensor<3>> {
+        let [batch, tokens] = call.dims();
         let head_dim = self.config.head_dim();
-        let embeddings = self.embed_tokens.forward(input.input_ids.clone());
-        let mut hidden = hooks.visit(Site::TokenEmbeddings, embeddings)?;
-        let (cos, sin) = self.rotary.cos_sin(&input.position_ids);
+        let embeddings = self.embed_tokens.forward(call.input_ids());
+        let mut hidden = call.visit(Site::TokenEmbeddings, embeddings)?;
+        let (cos, sin) = self.rotary.cos_sin(&call.position_ids());
         let split_heads = |x: Tensor<3>, heads: usize| -> Tensor<4> {
             x.reshape([batch, tokens, heads, head_dim]).swap_dims(1, 2)
         };
@@ -135,8 +130,8 @@ impl CausalLm for Llama {
             hidden = residual_block(
                 layer,
                 hidden,
-                hooks,
-                |hidden, hooks| {
+                call,
+                |hidden, call| {
                     let x = block.input_norm.forward(hidden);
                     let attention = &block.attention;
                     let q = split_heads(block.q_proj.forward(x.clone()), attention.heads);
@@ -144,9 +139,7 @@ impl CausalLm for Llama {
                     let v = split_heads(block.v_proj.forward(x), attention.kv_heads);
                     let q = Rotary::apply(q, &cos, &sin);
                     let k = Rotary::apply(k, &cos, &sin);
-                    let mask = &input.attention_mask;
-                    let mixed =
-                        attention.forward(layer, q, k, v, mask, cache.key_value(layer)?, hooks)?;
+                    let mixed = attention.forward(q, k, v, call)?;
                     Ok(block.o_proj.forward(mixed))
                 },
                 Some(|hidden| {
@@ -160,7 +153,9 @@ impl CausalLm for Llama {
     }
 }
 
-hookscope_core::register_architecture!(
+/// Llama (and the Mistral and Qwen2 checkpoints that run the same code path), as the registry
+/// lists it.
+pub static ARCHITECTURE: Architecture = hookscope_core::architecture!(
     Llama,
     name: "llama",
     model_types: ["llama", "mistral", "qwen2"],

@@ -11,12 +11,11 @@
 //! one update. Both carry the convolution window and the SSM state in the cache.
 
 use hookscope_core::burn::tensor::{Tensor, activation};
-use hookscope_core::cache::ModelCache;
+use hookscope_core::cache::RecurrentState;
 use hookscope_core::nn::{Activation, CausalConv1d, Embedding, Linear, RmsNorm, residual_block};
 use hookscope_core::schema::{LayerSpec, MixerKind};
 use hookscope_core::{
-    ArchConfig, CallInput, CausalLm, Hooks, MixerSite, ModelLayout, Result, Site, SiteValue,
-    WeightLoader,
+    ArchConfig, Architecture, Call, CausalLm, MixerSite, ModelLayout, Result, Site, WeightLoader,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -203,19 +202,18 @@ impl Mamba {
         layer: usize,
         mixer: &Mixer,
         x: Tensor<3>,
-        input: &CallInput,
-        cache: &mut ModelCache,
-        hooks: &mut Hooks<'_>,
+        call: &mut Call<'_>,
     ) -> Result<Tensor<3>> {
         let [batch, tokens, _] = x.dims();
         let (e, n, rank) = (self.inner, self.state, self.rank);
-        let real = input.token_mask.clone().unsqueeze_dim::<3>(2);
+        let real = call.token_mask().unsqueeze_dim::<3>(2);
         let projected = mixer.in_proj.forward(x * real.clone());
         let xs = projected.clone().slice_dim(2, 0..e);
         let gate = projected.slice_dim(2, e..2 * e);
-        let carried = cache.recurrent(layer)?;
+        let carried = call.state::<RecurrentState<3>>(layer)?;
         let (conv_out, window) = mixer.conv.forward(xs.swap_dims(1, 2), carried.conv.take());
         carried.conv = Some(window);
+        let initial = carried.state.take();
         let xs = self.activation.forward(conv_out).swap_dims(1, 2) * real;
         let params = mixer.x_proj.forward(xs.clone());
         let dt = params.clone().slice_dim(2, 0..rank);
@@ -224,11 +222,8 @@ impl Mamba {
         let dt = activation::softplus(mixer.dt_proj.forward(dt), 1.0);
 
         let site = |s| Site::self_attn(layer, s);
-        let initial = match carried.state.take() {
-            Some(SiteValue::Float3(state)) => state,
-            _ => Tensor::zeros([batch, e, n], &xs.device()),
-        };
-        let mut state = hooks.visit(site(MixerSite::StateInput), initial)?;
+        let initial = initial.unwrap_or_else(|| Tensor::zeros([batch, e, n], &xs.device()));
+        let mut state = call.visit(site(MixerSite::StateInput), initial)?;
         // dA_t = exp(dt_t A), dBx_t = dt_t x_t B_t: [B, T, E, N].
         let dt4 = dt.unsqueeze_dim::<4>(3);
         let decay = (dt4.clone() * mixer.a.clone().unsqueeze::<4>()).exp();
@@ -240,7 +235,7 @@ impl Mamba {
         let y = if tokens == 1 {
             // A decode step: the (possibly written) state output is what this step reads.
             state = decay.reshape([batch, e, n]) * state + update.reshape([batch, e, n]);
-            state = hooks.visit(site(MixerSite::StateOutput), state)?;
+            state = call.visit(site(MixerSite::StateOutput), state)?;
             readout(&state, 0)
         } else {
             let mut outputs = Vec::with_capacity(tokens);
@@ -249,12 +244,12 @@ impl Mamba {
                 state = step(&decay) * state + step(&update);
                 outputs.push(readout(&state, t));
             }
-            state = hooks.visit(site(MixerSite::StateOutput), state)?;
+            state = call.visit(site(MixerSite::StateOutput), state)?;
             Tensor::cat(outputs, 1)
         };
-        cache.recurrent(layer)?.state = Some(SiteValue::Float3(state));
+        call.state::<RecurrentState<3>>(layer)?.state = Some(state);
         let y = y + xs * mixer.d.clone().unsqueeze::<3>();
-        let y = hooks.visit(site(MixerSite::AttentionHeadOutputs), y)?;
+        let y = call.visit(site(MixerSite::AttentionHeadOutputs), y)?;
         Ok(mixer.out_proj.forward(y * activation::silu(gate)))
     }
 }
@@ -264,22 +259,17 @@ impl CausalLm for Mamba {
         &self.layout
     }
 
-    fn forward(
-        &self,
-        input: &CallInput,
-        cache: &mut ModelCache,
-        hooks: &mut Hooks<'_>,
-    ) -> Result<Tensor<3>> {
-        let embeddings = self.embeddings.forward(input.input_ids.clone());
-        let mut hidden = hooks.visit(Site::TokenEmbeddings, embeddings)?;
+    fn forward(&self, call: &mut Call<'_>) -> Result<Tensor<3>> {
+        let embeddings = self.embeddings.forward(call.input_ids());
+        let mut hidden = call.visit(Site::TokenEmbeddings, embeddings)?;
         for (layer, block) in self.blocks.iter().enumerate() {
             hidden = residual_block(
                 layer,
                 hidden,
-                hooks,
-                |hidden, hooks| {
+                call,
+                |hidden, call| {
                     let x = block.norm.forward(hidden);
-                    self.mix(layer, &block.mixer, x, input, cache, hooks)
+                    self.mix(layer, &block.mixer, x, call)
                 },
                 None::<fn(Tensor<3>) -> Tensor<3>>,
             )?;
@@ -288,7 +278,8 @@ impl CausalLm for Mamba {
     }
 }
 
-hookscope_core::register_architecture!(
+/// Mamba-1, as the registry lists it.
+pub static ARCHITECTURE: Architecture = hookscope_core::architecture!(
     Mamba,
     name: "mamba",
     model_types: ["mamba"],

@@ -6,14 +6,14 @@
 use std::time::Instant;
 
 use clap::Args;
-use hookscope_core::{Decoding, Error, Interventions, LayerSite, Result, Site, Steps};
+use hookscope::{Decoding, Error, Interventions, LayerSite, Result, Site, Steps};
 use serde_json::json;
 
 /// Arguments of `hookscope bench`.
 #[derive(Debug, Args)]
 pub struct BenchArgs {
-    /// Model directory or cached hub id (default: the embedded tiny GPT-2).
-    model: Option<String>,
+    #[command(flatten)]
+    model: crate::model_arg::ModelArg,
     /// Prompt length in tokens (ids drawn deterministically from the vocabulary).
     #[arg(long, default_value_t = 10)]
     prompt_len: usize,
@@ -86,7 +86,7 @@ fn read_bandwidth_gb_per_s() -> f64 {
 
 /// Runs the benchmark and prints a JSON report (median and min milliseconds per variant).
 pub fn bench(args: &BenchArgs) -> Result<()> {
-    let model = crate::load_model(args.model.as_deref())?;
+    let model = args.model.load()?;
     let vocab = model.layout().vocab as u64;
     // A fixed linear-congruential sequence: the same prompt on every run and machine.
     let prompt: Vec<u32> = (0..args.prompt_len as u64)

@@ -1,28 +1,33 @@
 //! `hookscope`: run any registered model and read or write its internals by standard site names.
 
 mod bench;
-mod embedded;
+mod model_arg;
 mod run;
 mod sites;
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use hookscope_core::burn::tensor::Device;
-use hookscope_core::{Model, ModelSource};
 
-// Built-in architectures: linking each crate is what registers it.
-use hookscope_arch_gpt2 as _;
-use hookscope_arch_llama as _;
-use hookscope_arch_mamba as _;
+/// What MODEL, PATTERN and STEPS mean, shown under every `--help`.
+const GLOSSARY: &str = "\
+MODEL: a local Hugging Face directory (config.json, model.safetensors or a sharded index,
+  tokenizer.json, generation_config.json), or a hub id (owner/name: from the local hub cache,
+  downloaded if missing; HF_HUB_OFFLINE=1 uses the cache only). Omitted: the embedded default
+  model (a tiny random GPT-2 with the real GPT-2 tokenizer; no network).
+PATTERN[@STEPS]: site names with `*` and `?` wildcards (`layers.*.self_attn.attention_keys`;
+  `hookscope sites` lists them). STEPS is `K` (one step), `A:B` (steps A to B-1, end exclusive
+  like `tracer.iter[A:B]`; either bound may be omitted) or `all`. Step 0 is the prompt call.
+  Without @STEPS: step 0 for a single trace, every step under --max-new-tokens.";
 
 /// Read and write the internals of language models under one standard set of site names.
 #[derive(Debug, Parser)]
-#[command(name = "hookscope", version, about)]
+#[command(name = "hookscope", version, about, after_help = GLOSSARY)]
 struct Cli {
     /// Load an architecture from a plugin library (repeatable), before running the command.
     #[arg(long, global = true, value_name = "PATH")]
-    plugin: Vec<std::path::PathBuf>,
+    plugin: Vec<PathBuf>,
     #[command(subcommand)]
     command: Command,
 }
@@ -30,31 +35,37 @@ struct Cli {
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Run a forward trace, print the top next tokens, and save requested sites.
+    #[command(after_help = GLOSSARY)]
     Run(run::RunArgs),
     /// List every site of a model with its shape at the prompt call and at a decode step.
+    #[command(after_help = GLOSSARY)]
     Sites(sites::SitesArgs),
     /// List the registered architectures.
+    #[command(after_help = GLOSSARY)]
     Archs,
     /// Time a forward trace with no hooks against one saving every site (JSON report).
+    #[command(after_help = GLOSSARY)]
     Bench(bench::BenchArgs),
-    /// Check every registered architecture against the contract (and transformers parity
-    /// where fixtures exist); exits non-zero on any failure.
+    /// Check every registered architecture against the contract, and parity with
+    /// `transformers` where reference fixtures are given; exits non-zero on any failure.
+    #[command(after_help = GLOSSARY)]
     Conformance {
         /// Print the report as JSON.
         #[arg(long)]
         json: bool,
-        /// Folder of reference fixtures (default: the repository's `conformance/fixtures`).
-        #[arg(long)]
-        fixtures: Option<std::path::PathBuf>,
+        /// Folder of reference fixtures made by `conformance/scripts/make_fixtures.py` (default:
+        /// the folder HOOKSCOPE_FIXTURES names; without either, parity is skipped and says so).
+        #[arg(long, value_name = "DIR")]
+        fixtures: Option<PathBuf>,
     },
 }
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // Generation with saved sites allocates fresh buffers every step: keep freed memory.
-    hookscope_core::memory::keep_freed_memory();
+    hookscope::memory::keep_freed_memory();
     for path in &cli.plugin {
-        if let Err(error) = hookscope_core::plugin::load(path) {
+        if let Err(error) = hookscope::plugin::load(path) {
             eprintln!("error: {error}");
             return ExitCode::FAILURE;
         }
@@ -67,7 +78,7 @@ fn main() -> ExitCode {
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(args) => bench::bench(&args).map(|()| ExitCode::SUCCESS),
-        Command::Conformance { json, fixtures } => Ok(conformance(json, fixtures)),
+        Command::Conformance { json, fixtures } => Ok(conformance(json, fixtures.as_deref())),
     };
     result.unwrap_or_else(|error| {
         eprintln!("error: {error}");
@@ -76,9 +87,15 @@ fn main() -> ExitCode {
 }
 
 /// Runs the suite over every registered architecture; failure if any check fails.
-fn conformance(json: bool, fixtures: Option<std::path::PathBuf>) -> ExitCode {
-    let fixtures = fixtures.unwrap_or_else(hookscope_conformance::fixtures_dir);
-    let reports = hookscope_conformance::suite::run_all(&fixtures);
+fn conformance(json: bool, fixtures: Option<&std::path::Path>) -> ExitCode {
+    let fixtures = match hookscope_conformance::locate_fixtures(fixtures) {
+        Ok(fixtures) => fixtures,
+        Err(message) => {
+            eprintln!("error: {message}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let reports = hookscope_conformance::suite::run_all(fixtures.as_deref());
     if json {
         println!(
             "{}",
@@ -86,6 +103,12 @@ fn conformance(json: bool, fixtures: Option<std::path::PathBuf>) -> ExitCode {
         );
     } else {
         println!("{}", hookscope_conformance::suite::table(&reports));
+    }
+    if fixtures.is_none() {
+        eprintln!(
+            "note: transformers parity was skipped (no fixtures): pass --fixtures DIR or set {}",
+            hookscope_conformance::FIXTURES_ENV
+        );
     }
     if reports.iter().all(|r| r.passed()) {
         ExitCode::SUCCESS
@@ -95,7 +118,7 @@ fn conformance(json: bool, fixtures: Option<std::path::PathBuf>) -> ExitCode {
 }
 
 fn archs() {
-    for arch in hookscope_core::registry::registered() {
+    for arch in hookscope::registry::registered() {
         println!(
             "{:<12} model_type: {:<24} architectures: {}",
             arch.name,
@@ -103,13 +126,4 @@ fn archs() {
             arch.architectures.join(", ")
         );
     }
-}
-
-/// Loads MODEL (a directory or a cached hub id), or the embedded default model when omitted.
-fn load_model(spec: Option<&str>) -> hookscope_core::Result<Model> {
-    let source = match spec {
-        Some(spec) => ModelSource::resolve(spec)?,
-        None => ModelSource::Embedded(&embedded::DEFAULT_MODEL),
-    };
-    Model::load(&source, &Device::default())
 }

@@ -4,9 +4,9 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use hookscope_core::burn::tensor::TensorData;
-use hookscope_core::hooks::{Action, Selection, Write};
-use hookscope_core::{
+use hookscope::burn::tensor::TensorData;
+use hookscope::hooks::{Action, Selection, Write};
+use hookscope::{
     Decoding, Error, Generation, GenerationConfig, Interventions, Model, Result, Saved, Steps,
     Trace,
 };
@@ -15,15 +15,17 @@ use serde_json::json;
 /// Arguments of `hookscope run`.
 #[derive(Debug, Args)]
 pub struct RunArgs {
-    /// Model directory or cached hub id (default: the embedded tiny GPT-2).
-    model: Option<String>,
+    #[command(flatten)]
+    model: crate::model_arg::ModelArg,
     /// A prompt; repeat for a left-padded batch.
     #[arg(long = "prompt", required = true)]
     prompts: Vec<String>,
-    /// Save the sites matching PATTERN (`*` wildcards), optionally `@STEPS`.
+    /// Save the sites matching PATTERN at STEPS (`K`, `A:B` end exclusive, or `all`; default:
+    /// step 0 for a trace, every step under --max-new-tokens). Repeatable.
     #[arg(long, value_name = "PATTERN[@STEPS]")]
     save: Vec<String>,
-    /// Zero the sites matching PATTERN, optionally `@STEPS`; the change flows on.
+    /// Zero the sites matching PATTERN at STEPS (same syntax and defaults as --save); the
+    /// change flows on through the rest of the call and, through the cache, later steps.
     #[arg(long, value_name = "PATTERN[@STEPS]")]
     zero: Vec<String>,
     /// Write saved values to this safetensors file (`{site}@{step}`, `output_ids`).
@@ -98,7 +100,7 @@ impl GenerationArgs {
 
 /// Runs the trace or generation and reports it.
 pub fn run(args: &RunArgs) -> Result<()> {
-    let model = crate::load_model(args.model.as_deref())?;
+    let model = args.model.load()?;
     let prompts: Vec<&str> = args.prompts.iter().map(String::as_str).collect();
     let batch = model.encode(&prompts)?;
     // Under generation a selection without `@STEPS` means every step; in a trace, step 0.
@@ -204,7 +206,7 @@ fn write_out(
         let flat_mask: Vec<i64> = mask.iter().flatten().map(|m| i64::from(*m)).collect();
         tensors.push(("attention_mask".into(), TensorData::new(flat_mask, shape)));
     }
-    hookscope_core::output::write_safetensors(path, &tensors)
+    hookscope::output::write_safetensors(path, &tensors)
 }
 
 fn report_generation(model: &Model, args: &RunArgs, generation: &Generation) -> Result<()> {

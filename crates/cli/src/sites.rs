@@ -1,13 +1,13 @@
 //! `hookscope sites`: the shape table of one model.
 
 use clap::Args;
-use hookscope_core::schema::CallDims;
+use hookscope::schema::CallDims;
 
 /// Arguments of `hookscope sites`.
 #[derive(Debug, Args)]
 pub struct SitesArgs {
-    /// Model directory or cached hub id (default: the embedded tiny GPT-2).
-    model: Option<String>,
+    #[command(flatten)]
+    model: crate::model_arg::ModelArg,
     /// Prompt length used to resolve the shapes.
     #[arg(long, default_value_t = 10)]
     prompt_len: usize,
@@ -17,11 +17,19 @@ pub struct SitesArgs {
     /// The decode step shown beside the prompt call.
     #[arg(long, default_value_t = 1)]
     step: usize,
+    /// Print the schema's tables for every mixer kind as Markdown (as `docs/SCHEMA.md` holds
+    /// them) instead of one model's sites.
+    #[arg(long, conflicts_with = "model")]
+    markdown: bool,
 }
 
 /// Prints every site in call order with its symbolic and concrete shapes.
-pub fn sites(args: &SitesArgs) -> hookscope_core::Result<()> {
-    let model = crate::load_model(args.model.as_deref())?;
+pub fn sites(args: &SitesArgs) -> hookscope::Result<()> {
+    if args.markdown {
+        print!("{}", hookscope::schema::markdown());
+        return Ok(());
+    }
+    let model = args.model.load()?;
     let layout = model.layout();
     let prompt = CallDims::at_step(args.batch, args.prompt_len, 0);
     let decode = CallDims::at_step(args.batch, args.prompt_len, args.step.max(1));

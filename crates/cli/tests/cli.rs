@@ -179,15 +179,107 @@ fn seeded_sampling_from_the_command_line_is_reproducible() {
 }
 
 #[test]
-fn conformance_reports_every_architecture() {
-    let output = hookscope(&["conformance", "--json"]);
-    assert!(output.status.success(), "{}", stdout(&output));
-    let reports: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
-    let archs: Vec<&str> = reports
-        .as_array()
-        .unwrap()
+fn conformance_checks_every_builtin_and_says_when_parity_was_skipped() {
+    let builtin: Vec<&str> = hookscope::BUILTIN.iter().map(|a| a.name).collect();
+    let reports = |output: &Output| -> Vec<serde_json::Value> {
+        assert!(
+            output.status.success(),
+            "{}{}",
+            stdout(output),
+            stderr(output)
+        );
+        serde_json::from_str(&stdout(output)).unwrap()
+    };
+    let parity = |report: &serde_json::Value| -> String {
+        let checks = report["checks"].as_array().unwrap();
+        let parity = checks.iter().find(|c| c["check"] == "transformers parity");
+        parity.unwrap()["status"].as_str().unwrap().to_string()
+    };
+
+    let without = hookscope(&["conformance", "--json"]);
+    assert!(
+        stderr(&without).contains("parity was skipped"),
+        "{}",
+        stderr(&without)
+    );
+    let without = reports(&without);
+    let archs: Vec<&str> = without
         .iter()
         .map(|r| r["arch"].as_str().unwrap())
         .collect();
-    assert_eq!(archs, ["gpt2", "llama", "mamba"]);
+    assert_eq!(archs, builtin);
+    assert!(without.iter().all(|r| parity(r) == "skipped"));
+
+    let fixtures = fixture("");
+    let with = reports(&hookscope(&[
+        "conformance",
+        "--json",
+        "--fixtures",
+        fixtures.to_str().unwrap(),
+    ]));
+    assert!(with.iter().all(|r| parity(r) == "pass"), "{with:?}");
+
+    let missing = hookscope(&["conformance", "--fixtures", "/no/such/dir"]);
+    assert!(!missing.status.success());
+    assert!(
+        stderr(&missing).contains("/no/such/dir"),
+        "{}",
+        stderr(&missing)
+    );
+}
+
+#[test]
+fn docs_schema_holds_the_tables_sites_markdown_prints() {
+    let output = hookscope(&["sites", "--markdown"]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let tables = stdout(&output);
+    let doc_path = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../docs/SCHEMA.md");
+    let doc = std::fs::read_to_string(&doc_path).unwrap();
+    let begin = "<!-- BEGIN: hookscope sites --markdown -->\n";
+    let end = "<!-- END: hookscope sites --markdown -->";
+    let start = doc
+        .find(begin)
+        .expect("docs/SCHEMA.md marks its generated tables")
+        + begin.len();
+    let stop = doc[start..].find(end).expect("the generated block ends") + start;
+    assert_eq!(
+        doc[start..stop].trim(),
+        tables.trim(),
+        "docs/SCHEMA.md is out of date: replace its generated block by `hookscope sites --markdown`"
+    );
+    // Every site a model serves is in the tables (here: every mixer kind's and the outer ones).
+    for name in [
+        "input_ids",
+        "layers.{i}.mlp_output",
+        "attention_probabilities",
+        "state_output",
+    ] {
+        assert!(tables.contains(&format!("`{name}`")), "{name}");
+    }
+}
+
+#[test]
+fn every_help_explains_model_and_steps() {
+    for command in [
+        &["--help"][..],
+        &["run", "--help"],
+        &["sites", "--help"],
+        &["bench", "--help"],
+        &["conformance", "--help"],
+    ] {
+        let output = hookscope(command);
+        assert!(output.status.success());
+        let help = stdout(&output);
+        for needle in [
+            "MODEL: a local Hugging Face directory",
+            "`A:B`",
+            "`all`",
+            "hub id",
+        ] {
+            assert!(
+                help.contains(needle),
+                "{command:?} --help lacks {needle}:\n{help}"
+            );
+        }
+    }
 }

@@ -44,11 +44,14 @@ fn text(output: &Output) -> String {
 #[test]
 fn the_example_plugin_passes_the_whole_suite() {
     let plugin = example_plugin();
+    let fixtures = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../conformance/fixtures");
     let output = hookscope(&[
         "--plugin",
         plugin.to_str().unwrap(),
         "conformance",
         "--json",
+        "--fixtures",
+        fixtures.to_str().unwrap(),
     ]);
     assert!(output.status.success(), "{}", text(&output));
     let reports: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();

@@ -1,10 +1,10 @@
-//! State carried from one call to the next: per layer, a key/value cache or recurrent state.
-//! It lives outside the model and is passed `&mut` to each forward call.
+//! State carried from one call to the next: per layer, a key/value cache or a recurrent state,
+//! typed by the layer's mixer kind. It lives outside the model and reaches each forward call
+//! through the [`crate::Call`].
 
 use burn::tensor::Tensor;
 
 use crate::error::{Error, Result};
-use crate::hooks::SiteValue;
 use crate::schema::{MixerKind, ModelLayout};
 
 /// The keys and values an attention layer has seen so far, `[B, NKV, S, D]` each.
@@ -31,14 +31,15 @@ impl KvCache {
     }
 }
 
-/// A recurrent mixer's carried state: its causal-convolution window and its state (the SSM
-/// or delta-rule state, whose rank depends on the mixer).
+/// A recurrent mixer's carried state: its causal-convolution window and its state of rank `R`
+/// (`[B, E, N]` for Mamba-1; `[B, NH, P, N]` for Mamba-2; `[B, NV, DK, DV]` for Gated DeltaNet).
+/// Both are absent before the first call.
 #[derive(Debug, Clone, Default)]
-pub struct RecurrentState {
+pub struct RecurrentState<const R: usize> {
     /// The last inputs of the causal convolution, `[B, channels, kernel]`.
     pub conv: Option<Tensor<3>>,
     /// The recurrent state after the last call.
-    pub state: Option<SiteValue>,
+    pub state: Option<Tensor<R>>,
 }
 
 /// One layer's carried state.
@@ -46,8 +47,69 @@ pub struct RecurrentState {
 pub enum LayerState {
     /// Softmax attention's key/value cache.
     KeyValue(KvCache),
-    /// A recurrent mixer's state (Mamba-1, Mamba-2, Gated DeltaNet).
-    Recurrent(RecurrentState),
+    /// A rank-3 recurrent state (Mamba-1).
+    Recurrent3(RecurrentState<3>),
+    /// A rank-4 recurrent state (Mamba-2, Gated DeltaNet).
+    Recurrent4(RecurrentState<4>),
+}
+
+impl LayerState {
+    /// The empty state of a layer with this mixer.
+    pub fn for_mixer(mixer: &MixerKind) -> Self {
+        match mixer {
+            MixerKind::SoftmaxAttention { .. } => LayerState::KeyValue(KvCache::default()),
+            MixerKind::Mamba1 { .. } => LayerState::Recurrent3(RecurrentState::default()),
+            MixerKind::Mamba2 { .. } | MixerKind::GatedDeltaNet { .. } => {
+                LayerState::Recurrent4(RecurrentState::default())
+            }
+        }
+    }
+
+    fn describe(&self) -> &'static str {
+        match self {
+            LayerState::KeyValue(_) => KvCache::DESCRIPTION,
+            LayerState::Recurrent3(_) => RecurrentState::<3>::DESCRIPTION,
+            LayerState::Recurrent4(_) => RecurrentState::<4>::DESCRIPTION,
+        }
+    }
+}
+
+/// A kind of per-layer state, as an adapter asks for it with [`ModelCache::layer`].
+pub trait CarriedState: Sized {
+    /// What it is, for errors.
+    const DESCRIPTION: &'static str;
+    /// The state of this kind held by `layer`, if it holds this kind.
+    fn of(layer: &mut LayerState) -> Option<&mut Self>;
+}
+
+impl CarriedState for KvCache {
+    const DESCRIPTION: &'static str = "a key/value cache";
+    fn of(layer: &mut LayerState) -> Option<&mut Self> {
+        match layer {
+            LayerState::KeyValue(cache) => Some(cache),
+            _ => None,
+        }
+    }
+}
+
+impl CarriedState for RecurrentState<3> {
+    const DESCRIPTION: &'static str = "a rank-3 recurrent state";
+    fn of(layer: &mut LayerState) -> Option<&mut Self> {
+        match layer {
+            LayerState::Recurrent3(state) => Some(state),
+            _ => None,
+        }
+    }
+}
+
+impl CarriedState for RecurrentState<4> {
+    const DESCRIPTION: &'static str = "a rank-4 recurrent state";
+    fn of(layer: &mut LayerState) -> Option<&mut Self> {
+        match layer {
+            LayerState::Recurrent4(state) => Some(state),
+            _ => None,
+        }
+    }
 }
 
 /// The carried state of every layer of one model, for one batch.
@@ -62,38 +124,59 @@ impl ModelCache {
         ModelCache { layers }
     }
 
-    /// Empty state for every layer of a declared layout: a key/value cache for attention
-    /// layers, recurrent state for the others.
+    /// Empty state for every layer of a declared layout, typed by each layer's mixer.
     pub fn for_layout(layout: &ModelLayout) -> Self {
         ModelCache::new(
             layout
                 .layers
                 .iter()
-                .map(|layer| match layer.mixer {
-                    MixerKind::SoftmaxAttention { .. } => LayerState::KeyValue(KvCache::default()),
-                    _ => LayerState::Recurrent(RecurrentState::default()),
-                })
+                .map(|layer| LayerState::for_mixer(&layer.mixer))
                 .collect(),
         )
     }
 
-    /// Layer `layer`'s recurrent state.
-    pub fn recurrent(&mut self, layer: usize) -> Result<&mut RecurrentState> {
-        match self.layers.get_mut(layer) {
-            Some(LayerState::Recurrent(state)) => Ok(state),
-            _ => Err(Error::InvalidInput(format!(
-                "layer {layer} carries no recurrent state"
-            ))),
-        }
+    /// Layer `layer`'s state of kind `S`; an error naming both kinds when the layer carries
+    /// another kind (an adapter whose forward pass disagrees with its declared layout).
+    pub fn layer<S: CarriedState>(&mut self, layer: usize) -> Result<&mut S> {
+        let held = self.layers.get_mut(layer).ok_or(Error::CarriedState {
+            layer,
+            expected: S::DESCRIPTION,
+            found: "no state (the cache has fewer layers)",
+        })?;
+        let found = held.describe();
+        S::of(held).ok_or(Error::CarriedState {
+            layer,
+            expected: S::DESCRIPTION,
+            found,
+        })
     }
+}
 
-    /// Layer `layer`'s key/value cache.
-    pub fn key_value(&mut self, layer: usize) -> Result<&mut KvCache> {
-        match self.layers.get_mut(layer) {
-            Some(LayerState::KeyValue(cache)) => Ok(cache),
-            _ => Err(Error::InvalidInput(format!(
-                "layer {layer} carries no key/value cache"
-            ))),
-        }
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::schema::LayerSpec;
+
+    #[test]
+    fn state_is_typed_by_the_declared_mixer() {
+        let mamba = LayerSpec {
+            mixer: MixerKind::Mamba1 { inner: 4, state: 2 },
+            has_mlp: false,
+        };
+        let layout = ModelLayout {
+            hidden: 2,
+            vocab: 3,
+            layers: vec![LayerSpec::attention(1, 1, 2), mamba],
+        };
+        let mut cache = ModelCache::for_layout(&layout);
+        assert!(cache.layer::<KvCache>(0).is_ok());
+        assert!(cache.layer::<RecurrentState<3>>(1).is_ok());
+        let wrong = cache.layer::<RecurrentState<4>>(1).unwrap_err().to_string();
+        assert!(
+            wrong.contains("layer 1") && wrong.contains("rank-3") && wrong.contains("rank-4"),
+            "{wrong}"
+        );
+        let missing = cache.layer::<KvCache>(2).unwrap_err().to_string();
+        assert!(missing.contains("layer 2"), "{missing}");
     }
 }

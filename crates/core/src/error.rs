@@ -177,6 +177,16 @@ pub enum Error {
         /// The cause.
         message: String,
     },
+    /// An adapter asked for a layer's carried state of another kind than the layer holds.
+    #[error("layer {layer} carries {found}, but the forward pass asked for {expected}")]
+    CarriedState {
+        /// The layer.
+        layer: usize,
+        /// What the forward pass asked for.
+        expected: &'static str,
+        /// What the layer holds.
+        found: &'static str,
+    },
     /// A tensor operation failed on the device.
     #[error("tensor backend: {0}")]
     Backend(String),

@@ -3,10 +3,9 @@
 
 use crate::decoding::{GenerationConfig, TokenPicker};
 use crate::error::{Error, Result};
-use crate::hooks::{Interventions, Saved};
+use crate::hooks::{Interventions, Observer, Saved};
 use crate::input::Batch;
-use crate::model::Model;
-use crate::schema::Site;
+use crate::model::{Feed, Model, Run};
 
 /// The result of [`Model::generate`].
 #[derive(Debug, Clone)]
@@ -21,8 +20,6 @@ pub struct Generation {
     pub prompt_len: usize,
     /// Calls made (= tokens appended): fewer than `max_new_tokens` when every row hit EOS.
     pub steps: usize,
-    /// Per step, the sites served in order (only from [`Model::generate_recording_order`]).
-    pub order: Vec<Vec<Site>>,
 }
 
 impl Generation {
@@ -46,64 +43,59 @@ impl Model {
         interventions: &Interventions,
         config: &GenerationConfig,
     ) -> Result<Generation> {
-        self.run_generation(batch, interventions, config, false)
+        self.run_generation(batch, interventions, config, None)
     }
 
-    /// Like [`Model::generate`], also recording the sites each call serves, in order (for the
-    /// conformance suite).
-    pub fn generate_recording_order(
+    /// Like [`Model::generate`], telling `observer` of every site each call serves, in order.
+    pub fn generate_observed(
         &self,
         batch: &Batch,
         interventions: &Interventions,
         config: &GenerationConfig,
+        observer: &mut dyn Observer,
     ) -> Result<Generation> {
-        self.run_generation(batch, interventions, config, true)
+        self.run_generation(batch, interventions, config, Some(observer))
     }
 
-    fn run_generation(
+    fn run_generation<'a>(
         &self,
         batch: &Batch,
-        interventions: &Interventions,
+        interventions: &'a Interventions,
         config: &GenerationConfig,
-        record: bool,
+        observer: Option<&'a mut dyn Observer>,
     ) -> Result<Generation> {
         config.validate()?;
         interventions.validate(self.layout())?;
-        batch.validate()?;
+        let vocab = self.layout().vocab;
+        batch.validate(vocab)?;
         let prompt_len = batch.len();
         self.check_length(prompt_len + config.max_new_tokens.saturating_sub(1))?;
-        let vocab = self.layout().vocab;
         let mut ids = batch.ids.clone();
         let mut mask = batch.mask.clone();
         let mut ended = vec![false; batch.batch_size()];
         let mut picker = TokenPicker::new(&config.decoding);
-        let mut cache = self.network().new_cache();
-        let mut saved = Saved::default();
+        let mut run = Run {
+            interventions,
+            saved: Saved::default(),
+            cache: self.network().new_cache(),
+            observer,
+        };
         let mut steps = 0;
-        let mut order = Vec::new();
         while steps < config.max_new_tokens && !ended.iter().all(|e| *e) {
             let fed: Vec<Vec<u32>> = if steps == 0 || !config.use_cache {
-                cache = self.network().new_cache();
+                run.cache = self.network().new_cache();
                 ids.clone()
             } else {
                 ids.iter()
                     .map(|row| row[row.len() - 1..].to_vec())
                     .collect()
             };
-            let mut served = Vec::new();
-            let recorder = record.then_some(&mut served);
-            let (_, probs) = self.call(
-                steps,
-                &fed,
-                &mask,
-                &mut cache,
-                interventions,
-                &mut saved,
-                recorder,
-            )?;
-            if record {
-                order.push(served);
-            }
+            let feed = Feed {
+                step: steps,
+                ids: &fed,
+                key_mask: &mask,
+            };
+            let (_, probs) = self.call(feed, &mut run)?;
             let probs = probs
                 .to_data()
                 .convert::<f32>()
@@ -122,12 +114,11 @@ impl Model {
             steps += 1;
         }
         Ok(Generation {
-            saved,
+            saved: run.saved,
             output_ids: ids,
             attention_mask: mask,
             prompt_len,
             steps,
-            order,
         })
     }
 }

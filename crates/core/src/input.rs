@@ -1,5 +1,5 @@
 //! Batches of prompts (left-padded, with an attention mask) and the per-call inputs derived from
-//! them: position ids from the mask and the causal + padding attention mask.
+//! the mask: position ids, the causal + padding attention mask and the token mask.
 
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
@@ -53,8 +53,9 @@ impl Batch {
         self.len() == 0
     }
 
-    /// Checks that the batch is non-empty and rectangular, with a mask of the same shape.
-    pub fn validate(&self) -> Result<()> {
+    /// Checks that the batch is non-empty and rectangular, with a mask of the same shape, and
+    /// that every token id is inside a vocabulary of `vocab` entries.
+    pub fn validate(&self, vocab: usize) -> Result<()> {
         let len = self.len();
         let rectangular = self.ids.iter().all(|row| row.len() == len)
             && self.mask.len() == self.ids.len()
@@ -63,6 +64,11 @@ impl Batch {
             return Err(Error::InvalidInput(
                 "a batch needs at least one token per prompt, equal lengths and a mask of the same shape".into(),
             ));
+        }
+        if let Some(bad) = self.ids.iter().flatten().find(|id| **id as usize >= vocab) {
+            return Err(Error::InvalidInput(format!(
+                "token id {bad} is outside the vocabulary (size {vocab})"
+            )));
         }
         Ok(())
     }
@@ -73,58 +79,65 @@ impl Batch {
     }
 }
 
-/// What an adapter's forward pass receives for one call.
-#[derive(Debug, Clone)]
-pub struct CallInput {
-    /// `[B, T]` token ids of this call (after any write to `input_ids`).
-    pub input_ids: Tensor<2, Int>,
-    /// `[B, T]` positions, counted over real tokens only.
-    pub position_ids: Tensor<2, Int>,
-    /// `[B, 1, T, S]`, true where a query must not see a key (future or padding).
-    pub attention_mask: Tensor<4, Bool>,
-    /// `[B, T]`: 1.0 at this call's real tokens, 0.0 at padding (recurrent mixers zero their
-    /// inputs there).
-    pub token_mask: Tensor<2>,
-}
-
-/// Position ids and attention mask for a call feeding the last `tokens` of `key_mask`'s
-/// positions. `key_mask` is `[B][S]`: true at real tokens of the whole context so far.
-///
-/// Positions count real tokens (pads get position 1, as `transformers` does). A real query sees
-/// real keys at or before it; a pad query sees every key at or before it, which keeps its row
-/// finite (its values are never used by a real position).
-pub(crate) fn call_masks(
+/// Position ids `[B, T]` of a call feeding the last `tokens` of `key_mask`'s positions
+/// (`key_mask` is `[B][S]`: true at real tokens of the whole context so far). Positions count
+/// real tokens; pads get position 1, as `transformers` does.
+pub(crate) fn position_ids(
     key_mask: &[Vec<bool>],
     tokens: usize,
     device: &Device,
-) -> (Tensor<2, Int>, Tensor<4, Bool>, Tensor<2>) {
+) -> Tensor<2, Int> {
+    let batch = key_mask.len();
+    let mut ids = Vec::with_capacity(batch * tokens);
+    for row in key_mask {
+        let past = row.len() - tokens;
+        let mut seen: i64 = 0;
+        for (position, real) in row.iter().enumerate() {
+            seen += i64::from(*real);
+            if position >= past {
+                ids.push(if *real { seen - 1 } else { 1 });
+            }
+        }
+    }
+    Tensor::from_data(TensorData::new(ids, [batch, tokens]), device)
+}
+
+/// The attention mask `[B, 1, T, S]` of such a call, true where a query must not see a key. A
+/// real query sees real keys at or before it; a pad query sees every key at or before it, which
+/// keeps its row finite (its values are never used by a real position).
+pub(crate) fn attention_mask(
+    key_mask: &[Vec<bool>],
+    tokens: usize,
+    device: &Device,
+) -> Tensor<4, Bool> {
     let batch = key_mask.len();
     let positions = key_mask.first().map_or(0, Vec::len);
     let past = positions - tokens;
-    let mut position_ids = Vec::with_capacity(batch * tokens);
     let mut masked = Vec::with_capacity(batch * tokens * positions);
-    let mut real_tokens = Vec::with_capacity(batch * tokens);
     for row in key_mask {
-        real_tokens.extend(row[past..].iter().map(|real| f32::from(u8::from(*real))));
-        let mut seen: i64 = 0;
-        let mut row_positions = Vec::with_capacity(positions);
-        for real in row {
-            seen += i64::from(*real);
-            row_positions.push(if *real { seen - 1 } else { 1 });
-        }
-        position_ids.extend_from_slice(&row_positions[past..]);
         for query in past..positions {
             let query_is_real = row[query];
             masked.extend((0..positions).map(|key| key > query || (query_is_real && !row[key])));
         }
     }
-    let position_ids = Tensor::from_data(TensorData::new(position_ids, [batch, tokens]), device);
-    let mask = Tensor::from_data(
+    Tensor::from_data(
         TensorData::new(masked, [batch, 1, tokens, positions]),
         device,
-    );
-    let token_mask = Tensor::from_data(TensorData::new(real_tokens, [batch, tokens]), device);
-    (position_ids, mask, token_mask)
+    )
+}
+
+/// The token mask `[B, T]` of such a call: 1.0 at real tokens, 0.0 at padding.
+pub(crate) fn token_mask(key_mask: &[Vec<bool>], tokens: usize, device: &Device) -> Tensor<2> {
+    let batch = key_mask.len();
+    let real: Vec<f32> = key_mask
+        .iter()
+        .flat_map(|row| {
+            row[row.len() - tokens..]
+                .iter()
+                .map(|r| f32::from(u8::from(*r)))
+        })
+        .collect();
+    Tensor::from_data(TensorData::new(real, [batch, tokens]), device)
 }
 
 #[cfg(test)]
@@ -136,7 +149,10 @@ mod tests {
         let batch = Batch::left_padded(vec![vec![5, 6, 7], vec![8]], 0).unwrap();
         assert_eq!(batch.ids, [vec![5, 6, 7], vec![0, 0, 8]]);
         assert_eq!(batch.mask, [vec![true; 3], vec![false, false, true]]);
-        let (positions, mask, real) = call_masks(&batch.mask, 3, &Device::default());
+        let device = Device::default();
+        let positions = position_ids(&batch.mask, 3, &device);
+        let mask = attention_mask(&batch.mask, 3, &device);
+        let real = token_mask(&batch.mask, 3, &device);
         assert_eq!(
             real.to_data().try_to_vec::<f32>().unwrap(),
             [1.0, 1.0, 1.0, 0.0, 0.0, 1.0]

@@ -4,10 +4,13 @@
 //! per-step shapes, the step-order contract), the hook engine, loading of Hugging Face
 //! checkpoints, tokenization, the architecture registry, and the layers every adapter shares.
 //!
-//! Architecture adapters (the `hookscope-arch-*` crates) implement [`CausalLm`] and register an
-//! [`Architecture`] with `inventory::submit!`; core knows nothing about any one architecture.
+//! Architecture adapters (the `hookscope-arch-*` crates) implement [`CausalLm`] and describe
+//! themselves with an [`Architecture`]; the `hookscope` crate lists the built-in ones. Core knows
+//! nothing about any one architecture.
 
+pub mod adapter;
 pub mod cache;
+pub mod call;
 pub mod decoding;
 pub mod error;
 pub mod generate;
@@ -23,16 +26,27 @@ pub mod registry;
 pub mod schema;
 pub mod tokenizer;
 
+pub use adapter::{Architecture, CausalLm};
+pub use call::Call;
 pub use decoding::{Decoding, GenerationConfig};
 pub use error::{Error, Result};
 pub use generate::Generation;
-pub use hooks::{Hooks, Interventions, Saved, SiteValue, Steps};
-pub use input::{Batch, CallInput};
+pub use hooks::{Interventions, Observer, Saved, SiteValue, Steps};
+pub use input::Batch;
 pub use loading::{ArchConfig, EmbeddedModel, ModelSource, WeightLoader};
-pub use model::{CausalLm, Model, Trace};
-pub use registry::Architecture;
+pub use model::{Model, Trace};
 pub use schema::{LayerSite, MixerKind, MixerSite, ModelLayout, Site};
 
 /// Re-exported so adapters register with the same `inventory` and `burn` as core.
 pub use burn;
 pub use inventory;
+
+/// What a researcher's program needs in one import: loading, requests, sites, generation and
+/// the device type.
+pub mod prelude {
+    pub use crate::burn::tensor::Device;
+    pub use crate::{
+        Batch, Decoding, Error, Generation, GenerationConfig, Interventions, LayerSite, MixerSite,
+        Model, ModelSource, Result, Saved, Site, SiteValue, Steps, Trace,
+    };
+}

@@ -1,44 +1,21 @@
-//! The adapter trait every architecture implements, and the loaded [`Model`] that runs traces.
+//! The loaded [`Model`]: an adapter with its tokenizer and generation defaults, and the engine
+//! around its forward pass (traces; generation is in `generate.rs`).
+
+use std::path::PathBuf;
 
 use burn::tensor::{Device, Int, Tensor, TensorData, activation};
 
+use crate::adapter::{Architecture, CausalLm};
 use crate::cache::ModelCache;
+use crate::call::Call;
 use crate::decoding::GenerationConfig;
 use crate::error::{Error, Result};
-use crate::hooks::{Hooks, Interventions, Saved};
-use crate::input::{Batch, CallInput, call_masks};
-use std::path::PathBuf;
-
+use crate::hooks::{Hooks, Interventions, Observer, Saved};
+use crate::input::Batch;
 use crate::loading::{ArchConfig, LoadReport, ModelSource, WeightLoader};
-use crate::registry::{self, Architecture};
+use crate::registry;
 use crate::schema::{ModelLayout, Site};
 use crate::tokenizer::Tokenizer;
-
-/// An architecture's forward pass. Implementations serve every site they declare through
-/// [`Hooks::visit`], in contract order, from `token_embeddings` to the last `layer_output`;
-/// `input_ids`, `logits` and `next_token_probs` are served by the engine around them.
-pub trait CausalLm {
-    /// The declared structure: sizes and the mixer of each layer.
-    fn layout(&self) -> &ModelLayout;
-
-    /// The longest sequence the model can position, if it has a limit (none by default).
-    fn max_positions(&self) -> Option<usize> {
-        None
-    }
-
-    /// Empty carried state for a new batch: by default, derived from the declared layout.
-    fn new_cache(&self) -> ModelCache {
-        ModelCache::for_layout(self.layout())
-    }
-
-    /// One call: the final hidden states through the language-model head, `[B, T, V]`.
-    fn forward(
-        &self,
-        input: &CallInput,
-        cache: &mut ModelCache,
-        hooks: &mut Hooks<'_>,
-    ) -> Result<Tensor<3>>;
-}
 
 /// The result of one forward trace.
 #[derive(Debug, Clone)]
@@ -51,8 +28,23 @@ pub struct Trace {
     pub next_token_probs: Tensor<2>,
     /// The batch that was run.
     pub batch: Batch,
-    /// The sites served, in order, when the trace recorded them.
-    pub order: Vec<Site>,
+}
+
+/// What one call feeds: its step, the newest tokens `[B][T]` and the whole context's
+/// real-token mask `[B][S]`.
+pub(crate) struct Feed<'a> {
+    pub(crate) step: usize,
+    pub(crate) ids: &'a [Vec<u32>],
+    pub(crate) key_mask: &'a [Vec<bool>],
+}
+
+/// What a trace or generation carries from call to call: the requests, the values saved so far,
+/// the carried state, and an observer if one watches.
+pub(crate) struct Run<'a> {
+    pub(crate) interventions: &'a Interventions,
+    pub(crate) saved: Saved,
+    pub(crate) cache: ModelCache,
+    pub(crate) observer: Option<&'a mut dyn Observer>,
 }
 
 /// A loaded model: an adapter, its tokenizer and generation defaults, on a device.
@@ -172,56 +164,52 @@ impl Model {
 
     /// Left-pads token id prompts into a batch with the model's pad (or EOS) id.
     pub fn batch(&self, prompts: Vec<Vec<u32>>) -> Result<Batch> {
-        let vocab = self.layout().vocab;
-        if let Some(bad) = prompts.iter().flatten().find(|id| **id as usize >= vocab) {
-            return Err(Error::InvalidInput(format!(
-                "token id {bad} is outside the vocabulary (size {vocab})"
-            )));
-        }
-        Batch::left_padded(prompts, self.generation.pad_token_id)
+        let batch = Batch::left_padded(prompts, self.generation.pad_token_id)?;
+        batch.validate(self.layout().vocab)?;
+        Ok(batch)
     }
 
     /// Runs one forward call over `batch` with `interventions` at step 0.
     pub fn trace(&self, batch: &Batch, interventions: &Interventions) -> Result<Trace> {
-        self.run_trace(batch, interventions, false)
+        self.run_trace(batch, interventions, None)
     }
 
-    /// Like [`Model::trace`], also recording every site served, in order (for conformance).
-    pub fn trace_recording_order(
+    /// Like [`Model::trace`], telling `observer` of every site served, in order.
+    pub fn trace_observed(
         &self,
         batch: &Batch,
         interventions: &Interventions,
+        observer: &mut dyn Observer,
     ) -> Result<Trace> {
-        self.run_trace(batch, interventions, true)
+        self.run_trace(batch, interventions, Some(observer))
     }
 
-    fn run_trace(
+    fn run_trace<'a>(
         &self,
         batch: &Batch,
-        interventions: &Interventions,
-        record: bool,
+        interventions: &'a Interventions,
+        observer: Option<&'a mut dyn Observer>,
     ) -> Result<Trace> {
         interventions.validate(self.layout())?;
-        batch.validate()?;
+        batch.validate(self.layout().vocab)?;
         self.check_length(batch.len())?;
-        let mut cache = self.network.new_cache();
-        let mut saved = Saved::default();
-        let mut order = Vec::new();
-        let (logits, next_token_probs) = self.call(
-            0,
-            &batch.ids,
-            &batch.mask,
-            &mut cache,
+        let mut run = Run {
             interventions,
-            &mut saved,
-            record.then_some(&mut order),
-        )?;
+            saved: Saved::default(),
+            cache: self.network.new_cache(),
+            observer,
+        };
+        let feed = Feed {
+            step: 0,
+            ids: &batch.ids,
+            key_mask: &batch.mask,
+        };
+        let (logits, next_token_probs) = self.call(feed, &mut run)?;
         Ok(Trace {
-            saved,
+            saved: run.saved,
             logits,
             next_token_probs,
             batch: batch.clone(),
-            order,
         })
     }
 
@@ -234,50 +222,45 @@ impl Model {
         }
     }
 
-    /// One forward call feeding `ids` (`[B][T]`, the newest tokens) with `key_mask` (`[B][S]`,
-    /// the whole context's real-token mask), serving the engine's model-level sites around the
-    /// adapter's.
-    #[allow(clippy::too_many_arguments)]
-    pub(crate) fn call(
-        &self,
-        step: usize,
-        ids: &[Vec<u32>],
-        key_mask: &[Vec<bool>],
-        cache: &mut ModelCache,
-        interventions: &Interventions,
-        saved: &mut Saved,
-        order: Option<&mut Vec<Site>>,
-    ) -> Result<(Tensor<3>, Tensor<2>)> {
+    /// One forward call, serving the engine's model-level sites around the adapter's.
+    pub(crate) fn call(&self, feed: Feed<'_>, run: &mut Run<'_>) -> Result<(Tensor<3>, Tensor<2>)> {
         let layout = self.network.layout();
-        let mut hooks = Hooks::for_call(layout, interventions, step, saved, order);
-        let batch = ids.len();
-        let tokens = ids.first().map_or(0, Vec::len);
-        let flat: Vec<i64> = ids.iter().flatten().map(|id| i64::from(*id)).collect();
+        let observer: Option<&mut dyn Observer> = match &mut run.observer {
+            Some(observer) => Some(&mut **observer),
+            None => None,
+        };
+        let mut hooks = Hooks::for_call(
+            layout,
+            run.interventions,
+            feed.step,
+            &mut run.saved,
+            observer,
+        );
+        let batch = feed.ids.len();
+        let tokens = feed.ids.first().map_or(0, Vec::len);
+        let flat: Vec<i64> = feed.ids.iter().flatten().map(|id| i64::from(*id)).collect();
         let input_ids: Tensor<2, Int> =
             Tensor::from_data(TensorData::new(flat, [batch, tokens]), &self.device);
+        let written = hooks.writes(Site::InputIds);
         let input_ids = hooks.visit(Site::InputIds, input_ids)?;
-        check_ids(&input_ids, layout.vocab)?;
-        let (position_ids, attention_mask, token_mask) = call_masks(key_mask, tokens, &self.device);
-        let input = CallInput {
-            input_ids,
-            position_ids,
-            attention_mask,
-            token_mask,
-        };
-        let logits = self.network.forward(&input, cache, &mut hooks)?;
-        let logits = hooks.visit(Site::Logits, logits)?;
+        if written {
+            check_ids(&input_ids, layout.vocab)?;
+        }
+        let mut call = Call::new(input_ids, feed.key_mask, &mut run.cache, hooks);
+        let logits = self.network.forward(&mut call)?;
+        let logits = call.visit(Site::Logits, logits)?;
         let [_, _, vocab] = logits.dims();
         let last: Tensor<2> = logits
             .clone()
             .slice_dim(1, tokens - 1..tokens)
             .reshape([batch, vocab]);
-        let next_token_probs = hooks.visit(Site::NextTokenProbs, activation::softmax(last, 1))?;
+        let next_token_probs = call.visit(Site::NextTokenProbs, activation::softmax(last, 1))?;
         Ok((logits, next_token_probs))
     }
 }
 
-/// Refuses token ids outside the vocabulary (e.g. written to `input_ids`) before they index an
-/// embedding table.
+/// Refuses token ids written to `input_ids` that fall outside the vocabulary, before they index
+/// an embedding table (the batch's own ids were checked before the run).
 fn check_ids(ids: &Tensor<2, Int>, vocab: usize) -> Result<()> {
     let [batch, tokens] = ids.dims();
     if batch * tokens == 0 {

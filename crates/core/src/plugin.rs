@@ -5,18 +5,24 @@
 //! return value of an exported function instead. Rust types cross the boundary only between
 //! identical builds, so the host first reads the plugin's ABI fingerprint through a C-ABI symbol
 //! and refuses the plugin, before calling anything else in it, unless it equals its own: same
-//! hookscope-core version, schema version, rustc, target and burn backend features. A loaded
+//! hookscope-core version, schema version, adapter interface version, rustc, target and burn
+//! backend features. The registry owns what a plugin adds ([`crate::registry::add`]). A loaded
 //! plugin is never unloaded (its code and vtables outlive every model it built).
 
 use std::ffi::{CStr, c_char};
 use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
+use crate::adapter::Architecture;
 use crate::error::{Error, Result};
-use crate::registry::Architecture;
+use crate::registry;
 
 /// Version of the hook schema (site names, shapes, order) this build implements.
 pub const SCHEMA_VERSION: u32 = 1;
+
+/// Version of the adapter interface ([`crate::CausalLm`], [`Architecture`], the per-call
+/// context): bumped whenever a plugin built against the previous one would not fit.
+pub const ADAPTER_VERSION: u32 = 2;
 
 /// The burn backend features this workspace pins (`[workspace.dependencies]`).
 const BACKEND: &str = "burn 0.22.1 flex+simd+rayon+x86-v4";
@@ -30,23 +36,16 @@ pub const ARCHITECTURE_SYMBOL: &[u8] = b"hookscope_plugin_architecture\0";
 /// What a plugin and its host must share, one `key=value` field per `;`.
 pub fn abi_fingerprint() -> String {
     format!(
-        "hookscope-core={}; schema={SCHEMA_VERSION}; rustc={}; target={}; backend={BACKEND}",
+        "hookscope-core={}; schema={SCHEMA_VERSION}; adapter={ADAPTER_VERSION}; rustc={}; \
+         target={}; backend={BACKEND}",
         env!("CARGO_PKG_VERSION"),
         env!("HOOKSCOPE_RUSTC_VERSION"),
         env!("HOOKSCOPE_TARGET"),
     )
 }
 
-/// Architectures loaded from plugins, and the files they came from.
-static LOADED: Mutex<Vec<(PathBuf, &'static Architecture)>> = Mutex::new(Vec::new());
-
-/// Architectures loaded from plugins so far.
-pub fn loaded() -> Vec<&'static Architecture> {
-    LOADED
-        .lock()
-        .map(|loaded| loaded.iter().map(|(_, arch)| *arch).collect())
-        .unwrap_or_default()
-}
+/// The files plugins were loaded from (each is loaded once).
+static LOADED: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
 
 fn plugin_error(path: &Path, message: impl Into<String>) -> Error {
     Error::Plugin {
@@ -63,7 +62,7 @@ pub fn load(path: &Path) -> Result<&'static Architecture> {
     let mut loaded = LOADED
         .lock()
         .map_err(|_| plugin_error(path, "plugin registry poisoned"))?;
-    if loaded.iter().any(|(p, _)| *p == canonical) {
+    if loaded.contains(&canonical) {
         return Err(plugin_error(path, "this plugin is already loaded"));
     }
     // SAFETY: loading a library runs its initialisers; a hookscope plugin has none beyond
@@ -99,22 +98,10 @@ pub fn load(path: &Path) -> Result<&'static Architecture> {
             .map_err(|_| plugin_error(path, "no `hookscope_plugin_architecture` symbol"))?;
         symbol()
     };
-    let linked = inventory::iter::<Architecture>().map(|a| a.name);
-    let taken = linked
-        .chain(loaded.iter().map(|(_, a)| a.name))
-        .any(|n| n == arch.name);
-    if taken {
-        return Err(plugin_error(
-            path,
-            format!(
-                "an architecture named `{}` is already registered",
-                arch.name
-            ),
-        ));
-    }
+    registry::add(arch).map_err(|message| plugin_error(path, message))?;
     // Never unloaded: models built by the plugin keep pointing into its code.
     std::mem::forget(library);
-    loaded.push((canonical, arch));
+    loaded.push(canonical);
     Ok(arch)
 }
 
@@ -156,15 +143,9 @@ fn fingerprint_mismatch(plugin: &str, host: &str) -> String {
 /// ```
 #[macro_export]
 macro_rules! export_plugin {
-    ($model:ty, name: $name:literal, model_types: [$($model_type:literal),* $(,)?],
-     architectures: [$($class:literal),* $(,)?], tiny_config: $tiny:expr $(,)?) => {
-        static HOOKSCOPE_PLUGIN_ARCHITECTURE: $crate::Architecture = $crate::Architecture {
-            name: $name,
-            model_types: &[$($model_type),*],
-            architectures: &[$($class),*],
-            load: |config, loader| Ok(Box::new(<$model>::load(config, loader)?)),
-            tiny_config: $tiny,
-        };
+    ($($arguments:tt)*) => {
+        static HOOKSCOPE_PLUGIN_ARCHITECTURE: $crate::Architecture =
+            $crate::architecture!($($arguments)*);
 
         /// The ABI fingerprint, NUL-terminated.
         #[unsafe(no_mangle)]

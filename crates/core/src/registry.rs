@@ -1,37 +1,55 @@
-//! The architecture registry: adapters register themselves with `inventory`, and a checkpoint's
-//! `config.json` finds its adapter here.
+//! The architecture registry: every architecture a checkpoint's `config.json` can be served by.
+//!
+//! Three sources feed it: lists linked into the program with [`Registration`] (the `hookscope`
+//! crate's list of built-in architectures, and crates outside the workspace through
+//! [`crate::register_architecture!`]), and architectures added at run time with [`add`] (what
+//! `--plugin` loads).
 
+use std::sync::RwLock;
+
+use crate::adapter::Architecture;
 use crate::error::{Error, Result};
-use crate::loading::{ArchConfig, WeightLoader};
-use crate::model::CausalLm;
+use crate::loading::ArchConfig;
 
-/// Builds an adapter's model from its config and weights.
-pub type LoadFn = fn(&ArchConfig, &mut WeightLoader<'_>) -> Result<Box<dyn CausalLm>>;
-
-/// One architecture adapter, as it registers itself.
+/// Architectures a linked crate contributes, collected through `inventory`.
 #[derive(Debug)]
-pub struct Architecture {
-    /// Short name (`gpt2`).
-    pub name: &'static str,
-    /// The `model_type` values of `config.json` it serves.
-    pub model_types: &'static [&'static str],
-    /// The `architectures` class names it serves (used when `model_type` is absent).
-    pub architectures: &'static [&'static str],
-    /// Builds the model.
-    pub load: LoadFn,
-    /// `config.json` of a tiny model of this architecture, for the conformance suite (which
-    /// fills it with seeded random weights).
-    pub tiny_config: &'static str,
+pub struct Registration(pub &'static [&'static Architecture]);
+
+inventory::collect!(Registration);
+
+/// Architectures added at run time (plugins).
+static ADDED: RwLock<Vec<&'static Architecture>> = RwLock::new(Vec::new());
+
+fn linked() -> impl Iterator<Item = &'static Architecture> {
+    inventory::iter::<Registration>().flat_map(|registration| registration.0.iter().copied())
 }
 
-inventory::collect!(Architecture);
-
-/// Every registered architecture (linked in, or loaded from a plugin), sorted by name.
+/// Every registered architecture (linked in, or added at run time), sorted by name.
 pub fn registered() -> Vec<&'static Architecture> {
-    let mut all: Vec<&'static Architecture> = inventory::iter::<Architecture>().collect();
-    all.extend(crate::plugin::loaded());
+    let mut all: Vec<&'static Architecture> = linked().collect();
+    if let Ok(added) = ADDED.read() {
+        all.extend(added.iter().copied());
+    }
     all.sort_by_key(|arch| arch.name);
     all
+}
+
+/// Adds an architecture at run time; refused (with the reason) when its name is taken.
+pub fn add(arch: &'static Architecture) -> std::result::Result<(), String> {
+    let mut added = ADDED
+        .write()
+        .map_err(|_| "the registry is poisoned".to_string())?;
+    let taken = linked()
+        .chain(added.iter().copied())
+        .any(|other| other.name == arch.name);
+    if taken {
+        return Err(format!(
+            "an architecture named `{}` is already registered",
+            arch.name
+        ));
+    }
+    added.push(arch);
+    Ok(())
 }
 
 /// The architecture that serves `config`: by `model_type`, else by `architectures`.
@@ -63,25 +81,21 @@ pub fn find(config: &ArchConfig) -> Result<&'static Architecture> {
     }
 }
 
-/// Registers an architecture whose model type has
-/// `fn load(&ArchConfig, &mut WeightLoader) -> Result<Self>` and implements [`CausalLm`]:
+/// Registers an architecture from a crate outside the workspace (built-ins are listed in the
+/// `hookscope` crate instead). Same arguments as [`crate::architecture!`]:
 ///
 /// ```text
-/// hookscope_core::register_architecture!(Gpt2, name: "gpt2", model_types: ["gpt2"],
-///     architectures: ["GPT2LMHeadModel"], tiny_config: r#"{"model_type": "gpt2", ...}"#);
+/// hookscope_core::register_architecture!(Mine, name: "mine", model_types: ["mine"],
+///     architectures: ["MineForCausalLM"], tiny_config: r#"{"model_type": "mine", ...}"#);
 /// ```
 #[macro_export]
 macro_rules! register_architecture {
-    ($model:ty, name: $name:literal, model_types: [$($model_type:literal),* $(,)?],
-     architectures: [$($class:literal),* $(,)?], tiny_config: $tiny:expr $(,)?) => {
-        $crate::inventory::submit! {
-            $crate::Architecture {
-                name: $name,
-                model_types: &[$($model_type),*],
-                architectures: &[$($class),*],
-                load: |config, loader| Ok(Box::new(<$model>::load(config, loader)?)),
-                tiny_config: $tiny,
+    ($($arguments:tt)*) => {
+        const _: () = {
+            static ARCHITECTURE: $crate::Architecture = $crate::architecture!($($arguments)*);
+            $crate::inventory::submit! {
+                $crate::registry::Registration(&[&ARCHITECTURE])
             }
-        }
+        };
     };
 }

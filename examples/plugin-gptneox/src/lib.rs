@@ -10,15 +10,12 @@
 //! public API, as an out-of-tree adapter would.
 
 use hookscope_core::burn::tensor::Tensor;
-use hookscope_core::cache::ModelCache;
 use hookscope_core::nn::{
     Activation, Embedding, LayerNorm, Linear, RopeScaling, Rotary, SoftmaxAttention,
     parallel_residual_block, residual_block,
 };
 use hookscope_core::schema::LayerSpec;
-use hookscope_core::{
-    ArchConfig, CallInput, CausalLm, Hooks, ModelLayout, Result, Site, WeightLoader,
-};
+use hookscope_core::{ArchConfig, Call, CausalLm, ModelLayout, Result, Site, WeightLoader};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -144,6 +141,7 @@ impl GptNeox {
                     ),
                     dense: Linear::load_torch(loader, &name("attention.dense"), h, h, bias),
                     attention: SoftmaxAttention {
+                        layer: i,
                         heads,
                         kv_heads: heads,
                         head_dim,
@@ -193,20 +191,15 @@ impl CausalLm for GptNeox {
         &self.layout
     }
 
-    fn forward(
-        &self,
-        input: &CallInput,
-        cache: &mut ModelCache,
-        hooks: &mut Hooks<'_>,
-    ) -> Result<Tensor<3>> {
-        let [batch, tokens] = input.input_ids.dims();
-        let embeddings = self.embed_in.forward(input.input_ids.clone());
-        let mut hidden = hooks.visit(Site::TokenEmbeddings, embeddings)?;
-        let (cos, sin) = self.rotary.cos_sin(&input.position_ids);
+    fn forward(&self, call: &mut Call<'_>) -> Result<Tensor<3>> {
+        let [batch, tokens] = call.dims();
+        let embeddings = self.embed_in.forward(call.input_ids());
+        let mut hidden = call.visit(Site::TokenEmbeddings, embeddings)?;
+        let (cos, sin) = self.rotary.cos_sin(&call.position_ids());
         for (layer, block) in self.blocks.iter().enumerate() {
             let attention = &block.attention;
             let (heads, head_dim) = (attention.heads, attention.head_dim);
-            let mixer = |hidden: Tensor<3>, hooks: &mut Hooks<'_>| {
+            let mixer = |hidden: Tensor<3>, call: &mut Call<'_>| {
                 // Per head, the fused projection holds [q | k | v], each `head_dim` wide.
                 let qkv = block
                     .qkv
@@ -216,16 +209,7 @@ impl CausalLm for GptNeox {
                 let part = |i: usize| qkv.clone().slice_dim(3, i * head_dim..(i + 1) * head_dim);
                 let q = Rotary::apply(part(0), &cos, &sin);
                 let k = Rotary::apply(part(1), &cos, &sin);
-                let mask = &input.attention_mask;
-                let mixed = attention.forward(
-                    layer,
-                    q,
-                    k,
-                    part(2),
-                    mask,
-                    cache.key_value(layer)?,
-                    hooks,
-                )?;
+                let mixed = attention.forward(q, k, part(2), call)?;
                 Ok(block.dense.forward(mixed))
             };
             let mlp = |x: Tensor<3>| {
@@ -233,9 +217,9 @@ impl CausalLm for GptNeox {
                 block.down.forward(self.activation.forward(inner))
             };
             hidden = if self.config.use_parallel_residual {
-                parallel_residual_block(layer, hidden, hooks, mixer, mlp)?
+                parallel_residual_block(layer, hidden, call, mixer, mlp)?
             } else {
-                residual_block(layer, hidden, hooks, mixer, Some(mlp))?
+                residual_block(layer, hidden, call, mixer, Some(mlp))?
             };
         }
         Ok(self.embed_out.forward(self.final_norm.forward(hidden)))

@@ -1,20 +1,24 @@
 //! Softmax attention with a key/value cache, grouped-query heads and all six interior sites.
 //!
-//! Two paths give the same numbers: burn's fused `attention` when nobody observes the scores or
-//! probabilities, and an explicit one (scores, mask, softmax, weighted values) otherwise.
+//! Two paths give the same numbers: burn's fused `attention` when no request reads or writes the
+//! scores or probabilities (they are then not served at all: interior sites nobody observes may
+//! be computed by a fused kernel), and an explicit one (scores, mask, softmax, weighted values)
+//! otherwise.
 
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{Bool, Tensor, activation};
+use burn::tensor::{Tensor, activation};
 
 use crate::cache::KvCache;
+use crate::call::Call;
 use crate::error::Result;
-use crate::hooks::Hooks;
 use crate::schema::{MixerSite, Site};
 
-/// The shape and scaling of one softmax-attention layer.
+/// The place, shape and scaling of one softmax-attention layer.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SoftmaxAttention {
+    /// The layer it belongs to (its sites are `layers.{layer}.self_attn.*`).
+    pub layer: usize,
     /// Query heads (`NH`).
     pub heads: usize,
     /// Key/value heads (`NKV`); `heads` must be a multiple of it.
@@ -26,43 +30,42 @@ pub struct SoftmaxAttention {
 }
 
 impl SoftmaxAttention {
-    /// Attends this call's `queries` `[B, NH, T, D]` (rotary already applied) over the cache
-    /// extended by `keys` and `values` `[B, NKV, T, D]`, serving the mixer sites of `layer` in
+    /// Attends this call's `queries` `[B, NH, T, D]` (rotary already applied) over the layer's
+    /// cache extended by `keys` and `values` `[B, NKV, T, D]`, serving the mixer sites in
     /// contract order, and returns the merged head outputs `[B, T, NH * D]` for the output
-    /// projection. `mask` is `[B, 1, T, S]`, true where a query must not see a key.
-    #[allow(clippy::too_many_arguments)]
+    /// projection.
     pub fn forward(
         &self,
-        layer: usize,
         queries: Tensor<4>,
         keys: Tensor<4>,
         values: Tensor<4>,
-        mask: &Tensor<4, Bool>,
-        cache: &mut KvCache,
-        hooks: &mut Hooks<'_>,
+        call: &mut Call<'_>,
     ) -> Result<Tensor<3>> {
-        let site = |mixer_site| Site::self_attn(layer, mixer_site);
-        let queries = hooks.visit(site(MixerSite::AttentionQueries), queries)?;
-        let (keys, values) = cache.appended(keys, values);
-        let keys = hooks.visit(site(MixerSite::AttentionKeys), keys)?;
-        let values = hooks.visit(site(MixerSite::AttentionValues), values)?;
-        cache.store(keys.clone(), values.clone());
+        let site = |mixer_site| Site::self_attn(self.layer, mixer_site);
+        let queries = call.visit(site(MixerSite::AttentionQueries), queries)?;
+        let (keys, values) = call.state::<KvCache>(self.layer)?.appended(keys, values);
+        let keys = call.visit(site(MixerSite::AttentionKeys), keys)?;
+        let values = call.visit(site(MixerSite::AttentionValues), values)?;
+        call.state::<KvCache>(self.layer)?
+            .store(keys.clone(), values.clone());
 
         let [batch, heads, tokens, _] = queries.dims();
         let positions = keys.dims()[2];
         let keys = self.repeat_kv(keys);
         let values = self.repeat_kv(values);
-        let mask = mask.clone().expand([batch, heads, tokens, positions]);
+        let mask = call
+            .attention_mask()
+            .expand([batch, heads, tokens, positions]);
 
-        let explicit = hooks.observes(site(MixerSite::AttentionScores))
-            || hooks.observes(site(MixerSite::AttentionProbabilities));
+        let explicit = call.observes(site(MixerSite::AttentionScores))
+            || call.observes(site(MixerSite::AttentionProbabilities));
         let head_outputs = if explicit {
             let scores = queries.matmul(keys.swap_dims(2, 3)) * self.scale;
             let scores = scores.mask_fill(mask, f32::NEG_INFINITY);
-            let scores = hooks.visit(site(MixerSite::AttentionScores), scores)?;
+            let scores = call.visit(site(MixerSite::AttentionScores), scores)?;
             let probabilities = activation::softmax(scores, 3);
             let probabilities =
-                hooks.visit(site(MixerSite::AttentionProbabilities), probabilities)?;
+                call.visit(site(MixerSite::AttentionProbabilities), probabilities)?;
             probabilities.matmul(values)
         } else {
             let options = AttentionModuleOptions {
@@ -71,7 +74,7 @@ impl SoftmaxAttention {
             };
             attention(queries, keys, values, Some(mask), None, options)
         };
-        let head_outputs = hooks.visit(
+        let head_outputs = call.visit(
             site(MixerSite::AttentionHeadOutputs),
             head_outputs.swap_dims(1, 2),
         )?;

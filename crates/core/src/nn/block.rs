@@ -3,8 +3,8 @@
 
 use burn::tensor::Tensor;
 
+use crate::call::Call;
 use crate::error::Result;
-use crate::hooks::Hooks;
 use crate::schema::{LayerSite, Site};
 
 /// `h + mixer(h)`, then, if the block has one, `h + mlp(h)`, serving `layer_input`,
@@ -13,20 +13,20 @@ use crate::schema::{LayerSite, Site};
 pub fn residual_block<Mlp: FnOnce(Tensor<3>) -> Tensor<3>>(
     layer: usize,
     hidden: Tensor<3>,
-    hooks: &mut Hooks<'_>,
-    mixer: impl FnOnce(Tensor<3>, &mut Hooks<'_>) -> Result<Tensor<3>>,
+    call: &mut Call<'_>,
+    mixer: impl FnOnce(Tensor<3>, &mut Call<'_>) -> Result<Tensor<3>>,
     mlp: Option<Mlp>,
 ) -> Result<Tensor<3>> {
     let site = |site| Site::layer(layer, site);
-    let hidden = hooks.visit(site(LayerSite::LayerInput), hidden)?;
-    let mixed = mixer(hidden.clone(), hooks)?;
-    let attention_output = hooks.visit(site(LayerSite::AttentionOutput), mixed)?;
+    let hidden = call.visit(site(LayerSite::LayerInput), hidden)?;
+    let mixed = mixer(hidden.clone(), call)?;
+    let attention_output = call.visit(site(LayerSite::AttentionOutput), mixed)?;
     let mut hidden = hidden + attention_output;
     if let Some(mlp) = mlp {
-        let mlp_output = hooks.visit(site(LayerSite::MlpOutput), mlp(hidden.clone()))?;
+        let mlp_output = call.visit(site(LayerSite::MlpOutput), mlp(hidden.clone()))?;
         hidden = hidden + mlp_output;
     }
-    hooks.visit(site(LayerSite::LayerOutput), hidden)
+    call.visit(site(LayerSite::LayerOutput), hidden)
 }
 
 /// GPT-NeoX's parallel residual: `h + mixer(h) + mlp(h)`, both reading the block's input,
@@ -34,16 +34,16 @@ pub fn residual_block<Mlp: FnOnce(Tensor<3>) -> Tensor<3>>(
 pub fn parallel_residual_block(
     layer: usize,
     hidden: Tensor<3>,
-    hooks: &mut Hooks<'_>,
-    mixer: impl FnOnce(Tensor<3>, &mut Hooks<'_>) -> Result<Tensor<3>>,
+    call: &mut Call<'_>,
+    mixer: impl FnOnce(Tensor<3>, &mut Call<'_>) -> Result<Tensor<3>>,
     mlp: impl FnOnce(Tensor<3>) -> Tensor<3>,
 ) -> Result<Tensor<3>> {
     let site = |site| Site::layer(layer, site);
-    let hidden = hooks.visit(site(LayerSite::LayerInput), hidden)?;
-    let mixed = mixer(hidden.clone(), hooks)?;
-    let attention_output = hooks.visit(site(LayerSite::AttentionOutput), mixed)?;
-    let mlp_output = hooks.visit(site(LayerSite::MlpOutput), mlp(hidden.clone()))?;
-    hooks.visit(
+    let hidden = call.visit(site(LayerSite::LayerInput), hidden)?;
+    let mixed = mixer(hidden.clone(), call)?;
+    let attention_output = call.visit(site(LayerSite::AttentionOutput), mixed)?;
+    let mlp_output = call.visit(site(LayerSite::MlpOutput), mlp(hidden.clone()))?;
+    call.visit(
         site(LayerSite::LayerOutput),
         hidden + attention_output + mlp_output,
     )

@@ -60,30 +60,38 @@ impl MixerKind {
         }
     }
 
-    /// The mixer's interior sites, in call order (SCHEMA.md).
-    pub fn interior_sites(&self) -> &'static [MixerSite] {
-        use MixerSite::*;
-        match self {
-            MixerKind::SoftmaxAttention { .. } => &[
-                AttentionQueries,
-                AttentionKeys,
-                AttentionValues,
-                AttentionScores,
-                AttentionProbabilities,
-                AttentionHeadOutputs,
-            ],
-            MixerKind::Mamba1 { .. } | MixerKind::Mamba2 { .. } => {
-                &[StateInput, StateOutput, AttentionHeadOutputs]
-            }
-            MixerKind::GatedDeltaNet { .. } => &[
-                AttentionQueries,
-                AttentionKeys,
-                AttentionValues,
-                StateInput,
-                StateOutput,
-                AttentionHeadOutputs,
-            ],
-        }
+    /// The mixer's interior sites, in call order (its [`MixerKind::table`]).
+    pub fn interior_sites(&self) -> impl Iterator<Item = MixerSite> + use<> {
+        self.table().iter().map(|row| row.site)
+    }
+
+    /// One mixer of every kind (dimensions zero): what the schema's documentation lists.
+    pub fn every_kind() -> [MixerKind; 4] {
+        // Matching here makes adding a kind without listing it a compile error.
+        let kind = |k: MixerKind| match k {
+            MixerKind::SoftmaxAttention { .. }
+            | MixerKind::Mamba1 { .. }
+            | MixerKind::Mamba2 { .. }
+            | MixerKind::GatedDeltaNet { .. } => k,
+        };
+        [
+            kind(MixerKind::SoftmaxAttention {
+                heads: 0,
+                kv_heads: 0,
+                head_dim: 0,
+            }),
+            kind(MixerKind::Mamba1 { inner: 0, state: 0 }),
+            kind(MixerKind::Mamba2 {
+                heads: 0,
+                head_dim: 0,
+                state: 0,
+            }),
+            kind(MixerKind::GatedDeltaNet {
+                value_heads: 0,
+                key_head_dim: 0,
+                value_head_dim: 0,
+            }),
+        ]
     }
 }
 
@@ -116,8 +124,7 @@ impl LayerSpec {
             .chain(
                 self.mixer
                     .interior_sites()
-                    .iter()
-                    .map(move |site| LayerSite::Mixer(namespace, *site)),
+                    .map(move |site| LayerSite::Mixer(namespace, site)),
             )
             .chain(std::iter::once(LayerSite::AttentionOutput))
             .chain(self.has_mlp.then_some(LayerSite::MlpOutput))
@@ -131,7 +138,7 @@ impl LayerSpec {
             LayerSite::MlpOutput => self.has_mlp,
             LayerSite::Mixer(namespace, interior) => {
                 namespace == self.mixer.namespace()
-                    && self.mixer.interior_sites().contains(&interior)
+                    && self.mixer.interior_sites().any(|site| site == interior)
             }
         }
     }

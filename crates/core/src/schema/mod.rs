@@ -4,6 +4,7 @@ mod layout;
 mod resolve;
 mod shape;
 mod site;
+mod table;
 
 pub use layout::{LayerSpec, MixerKind, ModelLayout};
 
@@ -11,3 +12,4 @@ pub use layout::{LayerSpec, MixerKind, ModelLayout};
 pub(crate) use layout::tests;
 pub use shape::{CallDims, Dim, SymbolicShape};
 pub use site::{LayerSite, MixerNamespace, MixerSite, Site};
+pub use table::{OUTER_SITES, OuterSite, SiteRow, markdown};

@@ -4,7 +4,8 @@
 use std::fmt;
 
 use super::layout::{MixerKind, ModelLayout};
-use super::site::{LayerSite, MixerSite, Site};
+use super::site::{LayerSite, Site};
+use super::table::{OUTER_SITES, OuterSite};
 
 /// A symbolic dimension of SCHEMA.md.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -79,45 +80,32 @@ impl CallDims {
 }
 
 use Dim::*;
-
-fn mixer_shape(mixer: &MixerKind, site: MixerSite) -> &'static [Dim] {
-    use MixerSite::*;
-    match (mixer, site) {
-        (MixerKind::SoftmaxAttention { .. }, AttentionQueries) => &[B, NH, T, D],
-        (MixerKind::SoftmaxAttention { .. }, AttentionKeys | AttentionValues) => &[B, NKV, S, D],
-        (MixerKind::SoftmaxAttention { .. }, AttentionScores | AttentionProbabilities) => {
-            &[B, NH, T, S]
-        }
-        (MixerKind::SoftmaxAttention { .. }, AttentionHeadOutputs) => &[B, T, NH, D],
-        (MixerKind::Mamba1 { .. }, StateInput | StateOutput) => &[B, E, N],
-        (MixerKind::Mamba1 { .. }, AttentionHeadOutputs) => &[B, T, E],
-        (MixerKind::Mamba2 { .. }, StateInput | StateOutput) => &[B, NH, P, N],
-        (MixerKind::Mamba2 { .. }, AttentionHeadOutputs) => &[B, T, NH, P],
-        (MixerKind::GatedDeltaNet { .. }, AttentionQueries | AttentionKeys) => &[B, NV, T, DK],
-        (MixerKind::GatedDeltaNet { .. }, AttentionValues) => &[B, NV, T, DV],
-        (MixerKind::GatedDeltaNet { .. }, StateInput | StateOutput) => &[B, NV, DK, DV],
-        (MixerKind::GatedDeltaNet { .. }, AttentionHeadOutputs) => &[B, T, NV, DV],
-        // Sites a mixer does not have never reach here: layouts are checked before lookup.
-        _ => &[],
-    }
-}
-
 impl ModelLayout {
-    /// The symbolic shape of a site this model serves.
+    /// The symbolic shape of a site this model serves, from the schema's tables.
     pub fn symbolic_shape(&self, site: Site) -> SymbolicShape {
-        SymbolicShape(match site {
-            Site::InputIds => &[B, T],
-            Site::TokenEmbeddings => &[B, T, H],
-            Site::Logits => &[B, T, V],
-            Site::NextTokenProbs => &[B, V],
+        let outer = match site {
+            Site::InputIds => OuterSite::InputIds,
+            Site::TokenEmbeddings => OuterSite::TokenEmbeddings,
+            Site::Logits => OuterSite::Logits,
+            Site::NextTokenProbs => OuterSite::NextTokenProbs,
             Site::Layer { layer, site } => match site {
-                LayerSite::Mixer(_, interior) => match self.layers.get(layer) {
-                    Some(spec) => mixer_shape(&spec.mixer, interior),
-                    None => &[],
-                },
-                _ => &[B, T, H],
+                LayerSite::LayerInput => OuterSite::LayerInput,
+                LayerSite::AttentionOutput => OuterSite::AttentionOutput,
+                LayerSite::MlpOutput => OuterSite::MlpOutput,
+                LayerSite::LayerOutput => OuterSite::LayerOutput,
+                LayerSite::Mixer(_, interior) => {
+                    // Sites a layer lacks never reach here: layouts are checked before lookup.
+                    let table = self.layers.get(layer).map(|spec| spec.mixer.table());
+                    return table
+                        .and_then(|rows| rows.iter().find(|row| row.site == interior))
+                        .map_or(SymbolicShape(&[]), |row| row.shape);
+                }
             },
-        })
+        };
+        OUTER_SITES
+            .iter()
+            .find(|row| row.site == outer)
+            .map_or(SymbolicShape(&[]), |row| row.shape)
     }
 
     /// The concrete shape of a site in a call of the given dimensions.
@@ -159,6 +147,7 @@ impl ModelLayout {
 #[cfg(test)]
 mod tests {
     use super::super::layout::tests::gpt2_like;
+    use super::super::site::MixerSite;
     use super::*;
 
     #[test]

@@ -7,6 +7,14 @@ use super::value::{SiteTensor, SiteValue};
 use crate::error::{Error, Result};
 use crate::schema::{ModelLayout, Site};
 
+/// Told of every site a call serves, in the order it is served: for tools that watch the forward
+/// pass (the conformance suite checks the step-order contract with one). Observing changes
+/// nothing: not the values, and not which computation path an adapter takes.
+pub trait Observer {
+    /// `site` was served at `step`.
+    fn served(&mut self, step: usize, site: Site);
+}
+
 /// Values saved by reads, keyed by site and step.
 #[derive(Debug, Clone, Default)]
 pub struct Saved {
@@ -63,7 +71,7 @@ fn plan_of<'p, 'a>(
 /// the step-order contract; nothing else of hooking is their business.
 ///
 /// A site with no request costs one indexed lookup: no copy, no allocation.
-pub struct Hooks<'a> {
+pub(crate) struct Hooks<'a> {
     step: usize,
     layout: &'a ModelLayout,
     /// Indexed by [`ModelLayout::slot`]; empty when nothing applies at this step.
@@ -71,18 +79,18 @@ pub struct Hooks<'a> {
     saved: &'a mut Saved,
     /// Values of this call's edit sources, by slot.
     captured: HashMap<usize, SiteValue>,
-    order: Option<&'a mut Vec<Site>>,
+    observer: Option<&'a mut dyn Observer>,
 }
 
 impl<'a> Hooks<'a> {
-    /// The hooks for call `step` of a run with these interventions. When `order` is given, every
-    /// visited site is appended to it (the conformance suite's recorder).
+    /// The hooks for call `step` of a run with these interventions; `observer`, if any, is told
+    /// of every site served.
     pub fn for_call(
         layout: &'a ModelLayout,
         interventions: &'a Interventions,
         step: usize,
         saved: &'a mut Saved,
-        order: Option<&'a mut Vec<Site>>,
+        observer: Option<&'a mut dyn Observer>,
     ) -> Self {
         let mut plans: Vec<Option<SitePlan<'a>>> = Vec::new();
         for request in interventions.requests() {
@@ -106,14 +114,20 @@ impl<'a> Hooks<'a> {
             plans,
             saved,
             captured: HashMap::new(),
-            order,
+            observer,
         }
     }
 
-    /// Whether anything reads, writes or records `site` in this call. Adapters use it to skip
-    /// computing a value nobody looks at (e.g. explicit attention probabilities).
+    /// Whether any request reads or writes `site` in this call. Adapters use it to skip
+    /// computing a value nobody looks at (e.g. explicit attention probabilities); an
+    /// [`Observer`] does not count.
     pub fn observes(&self, site: Site) -> bool {
-        self.order.is_some() || self.plan(site).is_some()
+        self.plan(site).is_some()
+    }
+
+    /// Whether any request writes `site` in this call.
+    pub fn writes(&self, site: Site) -> bool {
+        self.plan(site).is_some_and(|plan| !plan.writes.is_empty())
     }
 
     fn plan(&self, site: Site) -> Option<&SitePlan<'a>> {
@@ -125,8 +139,8 @@ impl<'a> Hooks<'a> {
     /// The hook entry: applies this call's writes to `site` in request order, saves the result
     /// if asked, and returns the value that flows on.
     pub fn visit<T: SiteTensor>(&mut self, site: Site, value: T) -> Result<T> {
-        if let Some(order) = self.order.as_deref_mut() {
-            order.push(site);
+        if let Some(observer) = self.observer.as_deref_mut() {
+            observer.served(self.step, site);
         }
         let slot = self.layout.slot(site);
         let Some(plan) = self.plans.get(slot).and_then(Option::as_ref) else {

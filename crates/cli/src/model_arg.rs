@@ -1,0 +1,24 @@
+//! The MODEL argument every model command takes.
+
+use clap::Args;
+use hookscope::prelude::*;
+
+/// Which model a command runs on.
+#[derive(Debug, Args)]
+pub struct ModelArg {
+    /// A local Hugging Face directory or a hub id (see MODEL below); omitted: the embedded
+    /// default model.
+    #[arg(value_name = "MODEL")]
+    model: Option<String>,
+}
+
+impl ModelArg {
+    /// Loads the model on the default device.
+    pub fn load(&self) -> Result<Model> {
+        let source = match &self.model {
+            Some(spec) => ModelSource::resolve(spec)?,
+            None => hookscope::default_model(),
+        };
+        Model::load(&source, &Device::default())
+    }
+}

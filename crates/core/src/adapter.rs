@@ -1,0 +1,77 @@
+//! What an architecture adapter is: the [`CausalLm`] forward pass it implements and the
+//! [`Architecture`] record that makes it loadable.
+
+use burn::tensor::Tensor;
+
+use crate::cache::ModelCache;
+use crate::call::Call;
+use crate::error::Result;
+use crate::loading::{ArchConfig, WeightLoader};
+use crate::schema::ModelLayout;
+
+/// An architecture's forward pass. Implementations serve every site they declare through
+/// [`Call::visit`], in contract order, from `token_embeddings` to the last `layer_output`;
+/// `input_ids`, `logits` and `next_token_probs` are served by the engine around them.
+///
+/// A loaded model is shared across threads, so adapters are `Send + Sync`; everything a call
+/// changes (the carried state) lives in the [`Call`], never in the adapter.
+pub trait CausalLm: Send + Sync {
+    /// The declared structure: sizes and the mixer of each layer.
+    fn layout(&self) -> &ModelLayout;
+
+    /// The longest sequence the model can position, if it has a limit (none by default).
+    fn max_positions(&self) -> Option<usize> {
+        None
+    }
+
+    /// Empty carried state for a new batch: by default, derived from the declared layout (a
+    /// key/value cache per attention layer, the typed recurrent state per recurrent layer).
+    fn new_cache(&self) -> ModelCache {
+        ModelCache::for_layout(self.layout())
+    }
+
+    /// One call: the final hidden states through the language-model head, `[B, T, V]`.
+    fn forward(&self, call: &mut Call<'_>) -> Result<Tensor<3>>;
+}
+
+/// Builds an adapter's model from its config and weights.
+pub type LoadFn = fn(&ArchConfig, &mut WeightLoader<'_>) -> Result<Box<dyn CausalLm>>;
+
+/// One architecture adapter: the checkpoints it serves and how to build it. Built-in adapters
+/// expose one as `ARCHITECTURE`; [`crate::architecture!`] writes it.
+#[derive(Debug)]
+pub struct Architecture {
+    /// Short name (`gpt2`).
+    pub name: &'static str,
+    /// The `model_type` values of `config.json` it serves.
+    pub model_types: &'static [&'static str],
+    /// The `architectures` class names it serves (used when `model_type` is absent).
+    pub architectures: &'static [&'static str],
+    /// Builds the model.
+    pub load: LoadFn,
+    /// `config.json` of a tiny model of this architecture, for the conformance suite (which
+    /// fills it with seeded random weights).
+    pub tiny_config: &'static str,
+}
+
+/// The [`Architecture`] of a model type that has
+/// `fn load(&ArchConfig, &mut WeightLoader) -> Result<Self>` and implements [`CausalLm`]:
+///
+/// ```text
+/// pub static ARCHITECTURE: Architecture = hookscope_core::architecture!(Gpt2, name: "gpt2",
+///     model_types: ["gpt2"], architectures: ["GPT2LMHeadModel"],
+///     tiny_config: r#"{"model_type": "gpt2", ...}"#);
+/// ```
+#[macro_export]
+macro_rules! architecture {
+    ($model:ty, name: $name:literal, model_types: [$($model_type:literal),* $(,)?],
+     architectures: [$($class:literal),* $(,)?], tiny_config: $tiny:expr $(,)?) => {
+        $crate::Architecture {
+            name: $name,
+            model_types: &[$($model_type),*],
+            architectures: &[$($class),*],
+            load: |config, loader| Ok(Box::new(<$model>::load(config, loader)?)),
+            tiny_config: $tiny,
+        }
+    };
+}

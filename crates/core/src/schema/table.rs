@@ -1,0 +1,247 @@
+//! The schema's tables, as data: for every site kind its symbolic shape and meaning, and for
+//! every mixer kind its interior sites in call order. The order contract, the shape table, the
+//! CLI's listings and `docs/SCHEMA.md` (through `hookscope sites --markdown`) all read these.
+
+use super::layout::MixerKind;
+use super::shape::{Dim::*, SymbolicShape};
+use super::site::{MixerNamespace, MixerSite};
+
+/// One row of a table: a site's name (relative to its table), symbolic shape and meaning.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SiteRow<S: 'static> {
+    /// The site.
+    pub site: S,
+    /// Its shape per call.
+    pub shape: SymbolicShape,
+    /// What it holds.
+    pub meaning: &'static str,
+}
+
+/// A site outside any mixer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OuterSite {
+    /// `input_ids`.
+    InputIds,
+    /// `token_embeddings`.
+    TokenEmbeddings,
+    /// `layers.{i}.layer_input`.
+    LayerInput,
+    /// `layers.{i}.attention_output`.
+    AttentionOutput,
+    /// `layers.{i}.mlp_output`.
+    MlpOutput,
+    /// `layers.{i}.layer_output`.
+    LayerOutput,
+    /// `logits`.
+    Logits,
+    /// `next_token_probs`.
+    NextTokenProbs,
+}
+
+impl OuterSite {
+    /// The name as the table shows it (`layers.{i}.layer_input`).
+    pub fn name(self) -> &'static str {
+        match self {
+            OuterSite::InputIds => "input_ids",
+            OuterSite::TokenEmbeddings => "token_embeddings",
+            OuterSite::LayerInput => "layers.{i}.layer_input",
+            OuterSite::AttentionOutput => "layers.{i}.attention_output",
+            OuterSite::MlpOutput => "layers.{i}.mlp_output",
+            OuterSite::LayerOutput => "layers.{i}.layer_output",
+            OuterSite::Logits => "logits",
+            OuterSite::NextTokenProbs => "next_token_probs",
+        }
+    }
+}
+
+const fn row<S>(site: S, shape: &'static [super::shape::Dim], meaning: &'static str) -> SiteRow<S> {
+    SiteRow {
+        site,
+        shape: SymbolicShape(shape),
+        meaning,
+    }
+}
+
+/// The sites outside any mixer, in call order (a block's mixer sites come after its
+/// `layer_input`).
+pub const OUTER_SITES: [SiteRow<OuterSite>; 8] = [
+    row(OuterSite::InputIds, &[B, T], "the tokens fed to this call"),
+    row(
+        OuterSite::TokenEmbeddings,
+        &[B, T, H],
+        "output of the token embedding table, before positions or scaling",
+    ),
+    row(
+        OuterSite::LayerInput,
+        &[B, T, H],
+        "residual stream entering block i",
+    ),
+    row(
+        OuterSite::AttentionOutput,
+        &[B, T, H],
+        "output of block i's sequence mixer, before the residual add",
+    ),
+    row(
+        OuterSite::MlpOutput,
+        &[B, T, H],
+        "output of block i's MLP (absent where the block has none, e.g. Mamba; for a \
+         mixture-of-experts block, the whole block's output: routed experts plus any shared expert)",
+    ),
+    row(
+        OuterSite::LayerOutput,
+        &[B, T, H],
+        "residual stream leaving block i",
+    ),
+    row(OuterSite::Logits, &[B, T, V], "language-model head output"),
+    row(
+        OuterSite::NextTokenProbs,
+        &[B, V],
+        "softmax of the last position's logits: the distribution the call samples from",
+    ),
+];
+
+use MixerSite::*;
+
+const SOFTMAX_ATTENTION: [SiteRow<MixerSite>; 6] = [
+    row(
+        AttentionQueries,
+        &[B, NH, T, D],
+        "queries after any rotary embedding",
+    ),
+    row(
+        AttentionKeys,
+        &[B, NKV, S, D],
+        "keys of the whole cache after this call's append (rotary applied)",
+    ),
+    row(
+        AttentionValues,
+        &[B, NKV, S, D],
+        "values of the whole cache after this call's append",
+    ),
+    row(
+        AttentionScores,
+        &[B, NH, T, S],
+        "scaled scores after the causal/padding mask (masked entries `-inf`), before softmax",
+    ),
+    row(
+        AttentionProbabilities,
+        &[B, NH, T, S],
+        "softmax of the scores",
+    ),
+    row(
+        AttentionHeadOutputs,
+        &[B, T, NH, D],
+        "per-head weighted values (probabilities × values), before any output gate and the \
+         output projection",
+    ),
+];
+
+const MAMBA1: [SiteRow<MixerSite>; 3] = [
+    row(
+        StateInput,
+        &[B, E, N],
+        "SSM state before this call (zeros at step 0): exactly the previous step's `state_output`",
+    ),
+    row(
+        StateOutput,
+        &[B, E, N],
+        "SSM state after this call, carried to the next step",
+    ),
+    row(
+        AttentionHeadOutputs,
+        &[B, T, E],
+        "scan output `y` (with the `D` skip), before gating and out-projection",
+    ),
+];
+
+const MAMBA2: [SiteRow<MixerSite>; 3] = [
+    row(
+        StateInput,
+        &[B, NH, P, N],
+        "SSM state before this call (zeros at step 0): exactly the previous step's `state_output`",
+    ),
+    row(
+        StateOutput,
+        &[B, NH, P, N],
+        "SSM state after this call, carried to the next step",
+    ),
+    row(
+        AttentionHeadOutputs,
+        &[B, T, NH, P],
+        "per-head scan output (with the `D` skip), before the gated norm",
+    ),
+];
+
+const GATED_DELTANET: [SiteRow<MixerSite>; 6] = [
+    row(
+        AttentionQueries,
+        &[B, NV, T, DK],
+        "queries as the delta rule consumes them: L2-normalised, heads expanded to NV, without \
+         the rule's internal `1/sqrt(DK)` scale",
+    ),
+    row(
+        AttentionKeys,
+        &[B, NV, T, DK],
+        "this call's keys: L2-normalised, heads expanded (no cache: the state replaces it)",
+    ),
+    row(AttentionValues, &[B, NV, T, DV], "this call's values"),
+    row(
+        StateInput,
+        &[B, NV, DK, DV],
+        "recurrent state before this call (zeros at step 0): exactly the previous step's \
+         `state_output`",
+    ),
+    row(
+        StateOutput,
+        &[B, NV, DK, DV],
+        "recurrent state after this call, carried to the next step",
+    ),
+    row(
+        AttentionHeadOutputs,
+        &[B, T, NV, DV],
+        "per-head output, before the gated norm and out-projection",
+    ),
+];
+
+impl MixerKind {
+    /// The mixer's interior sites in call order, with shapes and meanings.
+    pub fn table(&self) -> &'static [SiteRow<MixerSite>] {
+        match self {
+            MixerKind::SoftmaxAttention { .. } => &SOFTMAX_ATTENTION,
+            MixerKind::Mamba1 { .. } => &MAMBA1,
+            MixerKind::Mamba2 { .. } => &MAMBA2,
+            MixerKind::GatedDeltaNet { .. } => &GATED_DELTANET,
+        }
+    }
+}
+
+/// Every table of the schema as Markdown, in the form `docs/SCHEMA.md` holds them (what
+/// `hookscope sites --markdown` prints).
+pub fn markdown() -> String {
+    let mut out = String::from("Sites outside the mixers, in call order:\n\n");
+    out += &markdown_table(OUTER_SITES.iter().map(|r| (r.site.name().to_string(), r)));
+    for kind in MixerKind::every_kind() {
+        let namespace = kind.namespace();
+        let alias = match namespace {
+            MixerNamespace::SelfAttn => " (alias `mixer`)",
+            MixerNamespace::LinearAttn => "",
+        };
+        let name = kind.describe();
+        let (first, rest) = name.split_at(name.chars().next().map_or(0, char::len_utf8));
+        out += &format!(
+            "\n{}{rest} mixer, `layers.{{i}}.{}.*`{alias}, in call order:\n\n",
+            first.to_uppercase(),
+            namespace.name()
+        );
+        out += &markdown_table(kind.table().iter().map(|r| (r.site.name().to_string(), r)));
+    }
+    out
+}
+
+fn markdown_table<'a, S: 'static>(rows: impl Iterator<Item = (String, &'a SiteRow<S>)>) -> String {
+    let mut out = String::from("| site | shape | meaning |\n| --- | --- | --- |\n");
+    for (name, row) in rows {
+        out += &format!("| `{name}` | `{}` | {} |\n", row.shape, row.meaning);
+    }
+    out
+}

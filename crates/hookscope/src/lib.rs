@@ -1,0 +1,68 @@
+//! # hookscope
+//!
+//! Read and write the internals of language models under one standard set of site names
+//! (`layers.6.layer_output`, `layers.6.self_attn.attention_keys`, `logits`, ...), on a single
+//! forward call or at every step of generation. This crate is the one dependency a program
+//! needs: it re-exports [`hookscope_core`] and links every built-in architecture, listed in
+//! [`BUILTIN`].
+//!
+//! ```rust
+#![doc = include_str!("../examples/quickstart.rs")]
+//! ```
+
+pub use hookscope_core::*;
+
+use hookscope_core::registry::Registration;
+
+/// Every built-in architecture: the one list the command line, the conformance suite, the tests
+/// and library users share. A new built-in architecture is its crate, an entry here and a
+/// fixture case in `conformance/scripts/make_fixtures.py`.
+pub static BUILTIN: [&Architecture; 3] = [
+    &hookscope_arch_gpt2::ARCHITECTURE,
+    &hookscope_arch_llama::ARCHITECTURE,
+    &hookscope_arch_mamba::ARCHITECTURE,
+];
+
+hookscope_core::inventory::submit! {
+    Registration(&BUILTIN)
+}
+
+/// The default model compiled into this crate: a tiny GPT-2 with random weights and the real
+/// GPT-2 tokenizer (made by `conformance/scripts/make_fixtures.py`), so that everything runs
+/// offline. Its outputs mean nothing; its shapes and sites are a real GPT-2's.
+pub static DEFAULT_MODEL: EmbeddedModel = EmbeddedModel {
+    name: "gpt2-tiny",
+    config_json: include_str!("../embedded/gpt2-tiny/config.json"),
+    generation_config_json: Some(include_str!("../embedded/gpt2-tiny/generation_config.json")),
+    tokenizer_json: Some(include_bytes!("../embedded/gpt2-tiny/tokenizer.json")),
+    weights: include_bytes!("../embedded/gpt2-tiny/model.safetensors"),
+};
+
+/// The embedded [`DEFAULT_MODEL`] as a model source.
+pub fn default_model() -> ModelSource {
+    ModelSource::Embedded(&DEFAULT_MODEL)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_builtin_is_registered_once() {
+        let registered = registry::registered();
+        for arch in BUILTIN {
+            let count = registered.iter().filter(|a| a.name == arch.name).count();
+            assert_eq!(count, 1, "{} registered {count} times", arch.name);
+        }
+    }
+
+    #[test]
+    fn the_readme_shows_the_quickstart_example_verbatim() {
+        let readme = include_str!("../../../README.md");
+        let example = include_str!("../examples/quickstart.rs");
+        assert!(
+            readme.contains(&format!("```rust\n{example}```")),
+            "README.md's \"From Rust\" block must be examples/quickstart.rs, verbatim"
+        );
+    }
+}
