@@ -97,7 +97,7 @@ def decode_ms(times, new_tokens):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", type=Path, required=True)
+    parser.add_argument("--model", type=Path, help="a GPT-2-shaped model: forward and generation tables")
     parser.add_argument("--hookscope", default=str(ROOT / "target" / "release" / "hookscope"))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompt-lens", type=int, nargs="+", default=[10, 128])
@@ -107,11 +107,22 @@ def main():
     parser.add_argument("--generate-iters", type=int, default=3)
     parser.add_argument("--skip-nnterp", action="store_true")
     parser.add_argument("--mamba-model", type=Path, help="also time Mamba prompt calls of growing length")
+    parser.add_argument("--mamba2-model", type=Path, help="also time Mamba-2 prompt calls and decode")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
     print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {args.threads} threads")
     print(f"torch {torch.__version__}\n")
+    if args.model:
+        print_gpt2_tables(args)
+    if args.mamba_model:
+        print_recurrent_scaling(args, args.mamba_model, "Mamba", (16, 64, 256))
+    if args.mamba2_model:
+        print_recurrent_scaling(args, args.mamba2_model, "Mamba-2", (16, 64, 256, 1024))
+        print_recurrent_decode(args, args.mamba2_model, "Mamba-2")
+
+
+def print_gpt2_tables(args):
     print("| prompt tokens | transformers forward (ms) | hookscope, no hooks (ms) | hookscope, every site saved (ms) | no hooks vs transformers | every site vs no hooks |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     for prompt_len in args.prompt_lens:
@@ -158,17 +169,15 @@ def main():
     ):
         ms = decode_ms(runs[variant], n)
         print(f"| {label} | {ms:.1f} | {hf / ms:.2f}x | {100 * roofline / ms:.0f}% | {ms / plain:.3f}x |")
-    if args.mamba_model:
-        print_mamba_scaling(args)
 
 
-def print_mamba_scaling(args):
-    """Prompt calls of growing length: both implementations scan token by token (linear)."""
-    print("\nMamba prompt call (transformers' pure-torch scan), ms")
-    print("| prompt tokens | transformers | hookscope, no hooks | hookscope, every site saved | speed vs transformers |")
-    print("| ---: | ---: | ---: | ---: | ---: |")
-    model = AutoModelForCausalLM.from_pretrained(args.mamba_model).eval()
-    for prompt_len in (16, 64, 256):
+def print_recurrent_scaling(args, model_dir, label, lengths):
+    """Prompt calls of growing length against transformers' pure-torch scan."""
+    print(f"\n{label} prompt call (transformers' pure-torch scan), ms")
+    print("| prompt tokens | transformers | hookscope, no hooks | hookscope, every site saved | speed vs transformers | hookscope ms per token |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    model = AutoModelForCausalLM.from_pretrained(model_dir).eval()
+    for prompt_len in lengths:
         ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
 
         def run():
@@ -176,9 +185,23 @@ def print_mamba_scaling(args):
                 model(ids, use_cache=False)
 
         hf = median_ms(run, 3, 1)
-        hs = time_hookscope(args.hookscope, args.mamba_model, prompt_len, 3, 1, args.threads)
+        hs = time_hookscope(args.hookscope, model_dir, prompt_len, 3, 1, args.threads)
         plain, saved = hs["no_hooks"]["median_ms"], hs["save_every_site"]["median_ms"]
-        print(f"| {prompt_len} | {hf:.0f} | {plain:.0f} | {saved:.0f} | {hf / plain:.2f}x |")
+        print(f"| {prompt_len} | {hf:.0f} | {plain:.0f} | {saved:.0f} | {hf / plain:.2f}x | {plain / prompt_len:.2f} |")
+
+
+def print_recurrent_decode(args, model_dir, label):
+    """Greedy decode from a 10-token prompt: the one-token update of both implementations."""
+    n = args.new_tokens
+    hf = decode_ms(time_transformers_generate(model_dir, 10, n, args.generate_iters), n)
+    runs = [time_hookscope(args.hookscope, model_dir, 10, args.generate_iters, 1, args.threads, t) for t in (1, n)]
+    print(f"\n{label} greedy decode, 10-token prompt, {n} new tokens")
+    print("| run | decode ms/token | tokens/s vs transformers |")
+    print("| --- | ---: | ---: |")
+    print(f"| transformers generate | {hf:.1f} | 1.00x |")
+    for variant, name in (("no_hooks", "hookscope, no hooks"), ("save_every_site", "hookscope, every site saved")):
+        ms = decode_ms({1: runs[0][variant]["median_ms"], n: runs[1][variant]["median_ms"]}, n)
+        print(f"| {name} | {ms:.1f} | {hf / ms:.2f}x |")
 
 
 if __name__ == "__main__":

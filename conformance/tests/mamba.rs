@@ -1,4 +1,5 @@
-//! Mamba's recurrent state under hooks: carried exactly, and writes reaching what they should.
+//! Recurrent state under hooks (Mamba-1 and Mamba-2): carried exactly, and writes reaching what
+//! they should.
 
 mod common;
 
@@ -19,9 +20,18 @@ fn mixer(layer: usize, site: MixerSite) -> Site {
     Site::self_attn(layer, site)
 }
 
+/// One fixture of each recurrent mixer kind whose sites live under `self_attn`.
+const RECURRENT_FIXTURES: [&str; 2] = ["mamba-tied", "mamba2-groups1-tied"];
+
 #[test]
 fn state_input_is_the_previous_state_output_bit_for_bit() {
-    let model = load_fixture("mamba-tied");
+    for fixture in RECURRENT_FIXTURES {
+        state_is_carried_bit_for_bit(fixture);
+    }
+}
+
+fn state_is_carried_bit_for_bit(fixture: &str) {
+    let model = load_fixture(fixture);
     let batch = model.batch(vec![vec![5, 17, 33, 2, 8]]).unwrap();
     let reads = Interventions::new()
         .save(mixer(1, MixerSite::StateInput), Steps::All)
@@ -46,7 +56,13 @@ fn state_input_is_the_previous_state_output_bit_for_bit() {
 
 #[test]
 fn a_state_write_reaches_the_next_step_and_a_decode_steps_own_output() {
-    let model = load_fixture("mamba-tied");
+    for fixture in RECURRENT_FIXTURES {
+        state_writes_reach_what_they_should(fixture);
+    }
+}
+
+fn state_writes_reach_what_they_should(fixture: &str) {
+    let model = load_fixture(fixture);
     let batch = model.batch(vec![vec![5, 17, 33, 2, 8]]).unwrap();
     let heads = mixer(0, MixerSite::AttentionHeadOutputs);
     let reads = Interventions::new()
@@ -95,7 +111,13 @@ fn a_state_write_reaches_the_next_step_and_a_decode_steps_own_output() {
 
 #[test]
 fn a_head_output_write_changes_only_what_flows_from_it() {
-    let model = load_fixture("mamba-tied");
+    for fixture in RECURRENT_FIXTURES {
+        head_output_writes_flow_on(fixture);
+    }
+}
+
+fn head_output_writes_flow_on(fixture: &str) {
+    let model = load_fixture(fixture);
     let batch = model.batch(vec![vec![5, 17, 33, 2, 8]]).unwrap();
     let heads = mixer(0, MixerSite::AttentionHeadOutputs);
     let state = mixer(0, MixerSite::StateOutput);

@@ -141,3 +141,23 @@ fn mamba_generation_matches_transformers_at_every_step() {
         assert_generation_parity(fixture, |_| false);
     }
 }
+
+const MAMBA2_FIXTURES: [&str; 3] = [
+    "mamba2-groups1-tied",
+    "mamba2-groups2-untied-limit",
+    "bamba-hybrid",
+];
+
+#[test]
+fn mamba2_and_bamba_match_transformers_at_every_site() {
+    for fixture in MAMBA2_FIXTURES {
+        assert_parity(fixture, &[]);
+    }
+}
+
+#[test]
+fn mamba2_and_bamba_generation_match_transformers_at_every_step() {
+    for fixture in MAMBA2_FIXTURES {
+        assert_generation_parity(fixture, |_| false);
+    }
+}

@@ -13,7 +13,8 @@ mod config;
 
 use hookscope_core::burn::tensor::Tensor;
 use hookscope_core::nn::{
-    Activation, Embedding, Linear, RmsNorm, Rotary, SoftmaxAttention, residual_block,
+    Activation, Embedding, GatedMlp, GatedMlpSpec, Linear, ProjectedAttention,
+    ProjectedAttentionSpec, RmsNorm, Rotary, residual_block,
 };
 use hookscope_core::schema::LayerSpec;
 use hookscope_core::{
@@ -24,22 +25,14 @@ pub use config::LlamaConfig;
 
 struct Block {
     input_norm: RmsNorm,
-    q_proj: Linear,
-    k_proj: Linear,
-    v_proj: Linear,
-    o_proj: Linear,
-    attention: SoftmaxAttention,
+    attention: ProjectedAttention,
     post_attention_norm: RmsNorm,
-    gate_proj: Linear,
-    up_proj: Linear,
-    down_proj: Linear,
+    mlp: GatedMlp,
 }
 
 /// A loaded Llama-family model.
 pub struct Llama {
     layout: ModelLayout,
-    config: LlamaConfig,
-    activation: Activation,
     rotary: Rotary,
     embed_tokens: Embedding,
     blocks: Vec<Block>,
@@ -61,38 +54,37 @@ impl Llama {
             config.head_dim(),
         );
         let (qkv_bias, o_bias) = config.attention_biases();
-        let inner = config.intermediate_size;
         let eps = config.rms_norm_eps;
+        let mlp = GatedMlpSpec {
+            hidden: h,
+            inner: config.intermediate_size,
+            bias: config.mlp_bias,
+            activation,
+        };
         let embed_tokens =
             Embedding::load(loader, "model.embed_tokens.weight", config.vocab_size, h);
         let blocks = (0..config.num_hidden_layers)
             .map(|i| {
                 let name = |rest: &str| format!("model.layers.{i}.{rest}");
-                let linear = |loader: &mut WeightLoader<'_>, rest: &str, d_in, d_out, bias| {
-                    Linear::load_torch(loader, &name(rest), d_in, d_out, bias)
+                let attention = ProjectedAttentionSpec {
+                    layer: i,
+                    hidden: h,
+                    heads,
+                    kv_heads,
+                    head_dim,
+                    qkv_bias,
+                    o_bias,
                 };
                 Block {
                     input_norm: RmsNorm::load(loader, &name("input_layernorm"), h, eps),
-                    q_proj: linear(loader, "self_attn.q_proj", h, heads * head_dim, qkv_bias),
-                    k_proj: linear(loader, "self_attn.k_proj", h, kv_heads * head_dim, qkv_bias),
-                    v_proj: linear(loader, "self_attn.v_proj", h, kv_heads * head_dim, qkv_bias),
-                    o_proj: linear(loader, "self_attn.o_proj", heads * head_dim, h, o_bias),
-                    attention: SoftmaxAttention {
-                        layer: i,
-                        heads,
-                        kv_heads,
-                        head_dim,
-                        scale: (head_dim as f64).powf(-0.5),
-                    },
+                    attention: ProjectedAttention::load(loader, &name("self_attn"), &attention),
                     post_attention_norm: RmsNorm::load(
                         loader,
                         &name("post_attention_layernorm"),
                         h,
                         eps,
                     ),
-                    gate_proj: linear(loader, "mlp.gate_proj", h, inner, config.mlp_bias),
-                    up_proj: linear(loader, "mlp.up_proj", h, inner, config.mlp_bias),
-                    down_proj: linear(loader, "mlp.down_proj", inner, h, config.mlp_bias),
+                    mlp: GatedMlp::load(loader, &name("mlp"), &mlp),
                 }
             })
             .collect();
@@ -102,8 +94,6 @@ impl Llama {
         Ok(Llama {
             layout: ModelLayout::uniform(h, config.vocab_size, layer, config.num_hidden_layers),
             rotary: Rotary::new(head_dim, theta, scaling),
-            config,
-            activation,
             embed_tokens,
             blocks,
             norm,
@@ -118,14 +108,9 @@ impl CausalLm for Llama {
     }
 
     fn forward(&self, call: &mut Call<'_>) -> Result<Tensor<3>> {
-        let [batch, tokens] = call.dims();
-        let head_dim = self.config.head_dim();
         let embeddings = self.embed_tokens.forward(call.input_ids());
         let mut hidden = call.visit(Site::TokenEmbeddings, embeddings)?;
-        let (cos, sin) = self.rotary.cos_sin(&call.position_ids());
-        let split_heads = |x: Tensor<3>, heads: usize| -> Tensor<4> {
-            x.reshape([batch, tokens, heads, head_dim]).swap_dims(1, 2)
-        };
+        let rotary = self.rotary.cos_sin(&call.position_ids());
         for (layer, block) in self.blocks.iter().enumerate() {
             hidden = residual_block(
                 layer,
@@ -133,20 +118,9 @@ impl CausalLm for Llama {
                 call,
                 |hidden, call| {
                     let x = block.input_norm.forward(hidden);
-                    let attention = &block.attention;
-                    let q = split_heads(block.q_proj.forward(x.clone()), attention.heads);
-                    let k = split_heads(block.k_proj.forward(x.clone()), attention.kv_heads);
-                    let v = split_heads(block.v_proj.forward(x), attention.kv_heads);
-                    let q = Rotary::apply(q, &cos, &sin);
-                    let k = Rotary::apply(k, &cos, &sin);
-                    let mixed = attention.forward(q, k, v, call)?;
-                    Ok(block.o_proj.forward(mixed))
+                    block.attention.forward(x, &rotary, call)
                 },
-                Some(|hidden| {
-                    let x = block.post_attention_norm.forward(hidden);
-                    let gate = self.activation.forward(block.gate_proj.forward(x.clone()));
-                    block.down_proj.forward(gate * block.up_proj.forward(x))
-                }),
+                Some(|hidden| block.mlp.forward(block.post_attention_norm.forward(hidden))),
             )?;
         }
         Ok(self.lm_head.forward(self.norm.forward(hidden)))

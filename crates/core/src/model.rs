@@ -12,7 +12,7 @@ use crate::decoding::GenerationConfig;
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Interventions, Observer, Saved};
 use crate::input::Batch;
-use crate::loading::{ArchConfig, LoadReport, ModelSource, WeightLoader};
+use crate::loading::{ArchConfig, LoadReport, ModelSource, WeightLoader, parse_json};
 use crate::registry;
 use crate::schema::{ModelLayout, Site};
 use crate::tokenizer::Tokenizer;
@@ -92,13 +92,32 @@ impl Model {
     /// conformance suite checks, with no checkpoint or tokenizer.
     pub fn random(arch: &'static Architecture, seed: u64, device: &Device) -> Result<Model> {
         let path = PathBuf::from(format!("<tiny:{}>/config.json", arch.name));
-        let json = serde_json::from_str(arch.tiny_config).map_err(|source| Error::Json {
-            path: path.clone(),
-            source,
-        })?;
-        let config = ArchConfig { path, json };
+        let config = ArchConfig {
+            json: parse_json(&path, arch.tiny_config)?,
+            path,
+        };
+        Model::random_with(arch, &config, seed, device)
+    }
+
+    /// A model of whatever registered architecture serves `config_json` (a `config.json`'s
+    /// text), with seeded random weights: a real checkpoint's shapes without its weights.
+    pub fn random_from_config(config_json: &str, seed: u64, device: &Device) -> Result<Model> {
+        let path = PathBuf::from("<given>/config.json");
+        let config = ArchConfig {
+            json: parse_json(&path, config_json)?,
+            path,
+        };
+        Model::random_with(registry::find(&config)?, &config, seed, device)
+    }
+
+    fn random_with(
+        arch: &'static Architecture,
+        config: &ArchConfig,
+        seed: u64,
+        device: &Device,
+    ) -> Result<Model> {
         let mut loader = WeightLoader::random(seed, device);
-        let network = (arch.load)(&config, &mut loader)?;
+        let network = (arch.load)(config, &mut loader)?;
         Ok(Model {
             arch,
             network,

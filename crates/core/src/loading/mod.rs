@@ -3,6 +3,7 @@
 
 mod checkpoint;
 mod hub;
+mod json;
 
 use std::path::{Path, PathBuf};
 
@@ -10,6 +11,7 @@ use serde::de::DeserializeOwned;
 use serde_json::Value;
 
 pub use checkpoint::{Checkpoint, LoadReport, WeightLoader};
+pub use json::ConfigFloat;
 
 use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
@@ -173,8 +175,9 @@ pub(crate) fn read_json(path: &Path) -> Result<Value> {
     parse_json(path, &text)
 }
 
-fn parse_json(path: &Path, text: &str) -> Result<Value> {
-    serde_json::from_str(text).map_err(|source| Error::Json {
+/// Parses JSON text (with Python's bare non-finite floats) read from `path`.
+pub(crate) fn parse_json(path: &Path, text: &str) -> Result<Value> {
+    serde_json::from_str(&json::normalise_non_finite(text)).map_err(|source| Error::Json {
         path: path.to_path_buf(),
         source,
     })

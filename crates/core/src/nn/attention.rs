@@ -9,9 +9,11 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Tensor, activation};
 
+use super::{Linear, Rotary};
 use crate::cache::KvCache;
 use crate::call::Call;
 use crate::error::Result;
+use crate::loading::WeightLoader;
 use crate::schema::{MixerSite, Site};
 
 /// The place, shape and scaling of one softmax-attention layer.
@@ -91,5 +93,92 @@ impl SoftmaxAttention {
         x.unsqueeze_dim::<5>(2)
             .expand([batch, kv_heads, group, positions, dim])
             .reshape([batch, kv_heads * group, positions, dim])
+    }
+}
+
+/// The shape of a Llama-style attention layer with separate projections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProjectedAttentionSpec {
+    /// The layer it belongs to.
+    pub layer: usize,
+    /// Hidden size.
+    pub hidden: usize,
+    /// Query heads (`NH`).
+    pub heads: usize,
+    /// Key/value heads (`NKV`).
+    pub kv_heads: usize,
+    /// Head dimension (`D`).
+    pub head_dim: usize,
+    /// Biases on the query, key and value projections.
+    pub qkv_bias: bool,
+    /// Bias on the output projection.
+    pub o_bias: bool,
+}
+
+/// Softmax attention behind separate `q_proj`, `k_proj`, `v_proj` and `o_proj` maps, with
+/// rotary positions on queries and keys (Llama, Mistral, Qwen2, the attention layers of
+/// hybrids such as Bamba).
+#[derive(Debug, Clone)]
+pub struct ProjectedAttention {
+    q_proj: Linear,
+    k_proj: Linear,
+    v_proj: Linear,
+    o_proj: Linear,
+    attention: SoftmaxAttention,
+}
+
+impl ProjectedAttention {
+    /// Loads `{name}.q_proj` ... `{name}.o_proj` (torch layouts); scores scale by
+    /// `1/sqrt(head_dim)`.
+    pub fn load(loader: &mut WeightLoader<'_>, name: &str, spec: &ProjectedAttentionSpec) -> Self {
+        let ProjectedAttentionSpec {
+            layer,
+            hidden,
+            heads,
+            kv_heads,
+            head_dim,
+            qkv_bias,
+            o_bias,
+        } = *spec;
+        let mut linear = |part: &str, d_in, d_out, bias| {
+            Linear::load_torch(loader, &format!("{name}.{part}"), d_in, d_out, bias)
+        };
+        ProjectedAttention {
+            q_proj: linear("q_proj", hidden, heads * head_dim, qkv_bias),
+            k_proj: linear("k_proj", hidden, kv_heads * head_dim, qkv_bias),
+            v_proj: linear("v_proj", hidden, kv_heads * head_dim, qkv_bias),
+            o_proj: linear("o_proj", heads * head_dim, hidden, o_bias),
+            attention: SoftmaxAttention {
+                layer,
+                heads,
+                kv_heads,
+                head_dim,
+                scale: (head_dim as f64).powf(-0.5),
+            },
+        }
+    }
+
+    /// Attends normalised `x` `[B, T, H]` with the call's rotary `(cos, sin)` (see
+    /// [`Rotary::cos_sin`]), serving the layer's attention sites; returns `[B, T, H]`.
+    pub fn forward(
+        &self,
+        x: Tensor<3>,
+        rotary: &(Tensor<4>, Tensor<4>),
+        call: &mut Call<'_>,
+    ) -> Result<Tensor<3>> {
+        let [batch, tokens, _] = x.dims();
+        let attention = &self.attention;
+        let split_heads = |x: Tensor<3>, heads: usize| -> Tensor<4> {
+            x.reshape([batch, tokens, heads, attention.head_dim])
+                .swap_dims(1, 2)
+        };
+        let (cos, sin) = rotary;
+        let q = split_heads(self.q_proj.forward(x.clone()), attention.heads);
+        let k = split_heads(self.k_proj.forward(x.clone()), attention.kv_heads);
+        let v = split_heads(self.v_proj.forward(x), attention.kv_heads);
+        let q = Rotary::apply(q, cos, sin);
+        let k = Rotary::apply(k, cos, sin);
+        let mixed = attention.forward(q, k, v, call)?;
+        Ok(self.o_proj.forward(mixed))
     }
 }

@@ -7,14 +7,16 @@ mod conv;
 mod embedding;
 mod linear;
 mod matvec;
+mod mlp;
 mod norm;
 mod rotary;
 
 pub use activation::Activation;
-pub use attention::SoftmaxAttention;
+pub use attention::{ProjectedAttention, ProjectedAttentionSpec, SoftmaxAttention};
 pub use block::{parallel_residual_block, residual_block};
 pub use conv::CausalConv1d;
 pub use embedding::Embedding;
 pub use linear::Linear;
-pub use norm::{LayerNorm, RmsNorm};
+pub use mlp::{GatedMlp, GatedMlpSpec};
+pub use norm::{GatedRmsNorm, LayerNorm, RmsNorm};
 pub use rotary::{RopeScaling, Rotary};

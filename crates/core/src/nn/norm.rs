@@ -1,7 +1,7 @@
 //! Normalisation layers.
 
-use burn::tensor::Tensor;
 use burn::tensor::module::layer_norm;
+use burn::tensor::{Tensor, activation};
 
 use crate::loading::WeightLoader;
 
@@ -47,8 +47,47 @@ impl RmsNorm {
 
     /// Normalises the last axis.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let mean_square = x.clone().powi_scalar(2).mean_dim(D - 1);
-        let scale = (mean_square + self.eps).sqrt().recip();
-        x * scale * self.weight.clone().unsqueeze()
+        rms_normalise(x, self.eps) * self.weight.clone().unsqueeze()
+    }
+}
+
+/// `x / sqrt(mean(x²) + eps)` over the last axis.
+fn rms_normalise<const D: usize>(x: Tensor<D>, eps: f64) -> Tensor<D> {
+    let mean_square = x.clone().powi_scalar(2).mean_dim(D - 1);
+    x * (mean_square + eps).sqrt().recip()
+}
+
+/// Mamba-2's gated RMSNorm (`MambaRMSNormGated`): `x * silu(gate)`, normalised over each of
+/// `groups` equal groups of the last axis on its own, times a weight.
+#[derive(Debug, Clone)]
+pub struct GatedRmsNorm {
+    weight: Tensor<1>,
+    groups: usize,
+    eps: f64,
+}
+
+impl GatedRmsNorm {
+    /// Loads `{name}.weight` `[size]`, normalised in `groups` groups (`size` is a multiple).
+    pub fn load(
+        loader: &mut WeightLoader<'_>,
+        name: &str,
+        size: usize,
+        groups: usize,
+        eps: f64,
+    ) -> Self {
+        GatedRmsNorm {
+            weight: loader.tensor(&format!("{name}.weight"), [size]),
+            groups,
+            eps,
+        }
+    }
+
+    /// Gates `x` `[B, T, size]` by `silu(gate)`, then normalises group by group.
+    pub fn forward(&self, x: Tensor<3>, gate: Tensor<3>) -> Tensor<3> {
+        let [batch, tokens, size] = x.dims();
+        let gated =
+            (x * activation::silu(gate)).reshape([batch, tokens, self.groups, size / self.groups]);
+        rms_normalise(gated, self.eps).reshape([batch, tokens, size])
+            * self.weight.clone().unsqueeze()
     }
 }

@@ -1,0 +1,52 @@
+//! The gated MLP of Llama-style decoders (SwiGLU and its kin): `down(act(gate(x)) * up(x))`.
+
+use burn::tensor::Tensor;
+
+use super::{Activation, Linear};
+use crate::loading::WeightLoader;
+
+/// The sizes, biases and activation of a gated MLP.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GatedMlpSpec {
+    /// Hidden size (input and output).
+    pub hidden: usize,
+    /// Inner size.
+    pub inner: usize,
+    /// Whether the three projections have biases.
+    pub bias: bool,
+    /// The gate's activation.
+    pub activation: Activation,
+}
+
+/// `down(act(gate(x)) * up(x))`.
+#[derive(Debug, Clone)]
+pub struct GatedMlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+    activation: Activation,
+}
+
+impl GatedMlp {
+    /// Loads `{name}.gate_proj`, `{name}.up_proj` and `{name}.down_proj` (torch layouts).
+    pub fn load(loader: &mut WeightLoader<'_>, name: &str, spec: &GatedMlpSpec) -> Self {
+        let GatedMlpSpec {
+            hidden,
+            inner,
+            bias,
+            activation,
+        } = *spec;
+        GatedMlp {
+            gate: Linear::load_torch(loader, &format!("{name}.gate_proj"), hidden, inner, bias),
+            up: Linear::load_torch(loader, &format!("{name}.up_proj"), hidden, inner, bias),
+            down: Linear::load_torch(loader, &format!("{name}.down_proj"), inner, hidden, bias),
+            activation,
+        }
+    }
+
+    /// Applies the MLP to `[B, T, H]`.
+    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+        let gate = self.activation.forward(self.gate.forward(x.clone()));
+        self.down.forward(gate * self.up.forward(x))
+    }
+}
