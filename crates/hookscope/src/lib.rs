@@ -58,6 +58,26 @@ mod tests {
         }
     }
 
+    /// A new `crates/arch-*` crate that is not in [`BUILTIN`] would be invisible to the CLI, the
+    /// suite and library users alike: every one must be listed.
+    #[test]
+    fn every_arch_crate_of_the_workspace_is_listed() {
+        let crates = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let listing = include_str!("lib.rs");
+        let builtin = &listing[listing.find("pub static BUILTIN").unwrap_or(0)..];
+        let builtin = &builtin[..builtin.find("];").unwrap_or(builtin.len())];
+        let mut found = 0;
+        for entry in std::fs::read_dir(&crates).unwrap() {
+            let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+            if let Some(family) = name.strip_prefix("arch-") {
+                found += 1;
+                let path = format!("hookscope_arch_{}::", family.replace('-', "_"));
+                assert!(builtin.contains(&path), "crates/{name} is not listed in BUILTIN");
+            }
+        }
+        assert!(found >= 4, "found {found} arch crates under {}", crates.display());
+    }
+
     #[test]
     fn the_readme_shows_the_quickstart_example_verbatim() {
         let readme = include_str!("../../../README.md");
