@@ -72,10 +72,17 @@ mod tests {
             if let Some(family) = name.strip_prefix("arch-") {
                 found += 1;
                 let path = format!("hookscope_arch_{}::", family.replace('-', "_"));
-                assert!(builtin.contains(&path), "crates/{name} is not listed in BUILTIN");
+                assert!(
+                    builtin.contains(&path),
+                    "crates/{name} is not listed in BUILTIN"
+                );
             }
         }
-        assert!(found >= 4, "found {found} arch crates under {}", crates.display());
+        assert!(
+            found >= 4,
+            "found {found} arch crates under {}",
+            crates.display()
+        );
     }
 
     #[test]
