@@ -38,6 +38,12 @@ from transformers import (
     LlamaForCausalLM,
     Mamba2Config,
     Mamba2ForCausalLM,
+    Qwen3_5ForCausalLM,
+    Qwen3_5MoeForCausalLM,
+    Qwen3_5MoeTextConfig,
+    Qwen3_5TextConfig,
+    Qwen3NextConfig,
+    Qwen3NextForCausalLM,
     MambaConfig,
     MambaForCausalLM,
     Qwen2Config,
@@ -46,6 +52,9 @@ from transformers import (
 from transformers.models.bamba import modeling_bamba
 from transformers.models.mamba import modeling_mamba
 from transformers.models.mamba2 import modeling_mamba2
+from transformers.models.qwen3_5 import modeling_qwen3_5
+from transformers.models.qwen3_5_moe import modeling_qwen3_5_moe
+from transformers.models.qwen3_next import modeling_qwen3_next
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from transformers.modeling_utils import AttentionInterface
 
@@ -169,6 +178,43 @@ capture_mamba2_scan(modeling_mamba2)
 capture_mamba2_scan(modeling_bamba)
 
 
+def capture_delta_rule(module):
+    """Wrap a module's chunked and recurrent gated delta rule (the pure-torch paths) to record
+    the queries and keys as the rule consumes them (heads expanded to the value heads,
+    L2-normalised, before its 1/sqrt(DK) scale), the values, the state before and after the call,
+    and the rule's output before the gated norm."""
+
+    def recording(kernel):
+        def recorded(query, key, value, g, beta, *args, initial_state=None, output_final_state=False, **kwargs):
+            prefix = f"layers.{RECORDER.layer}.linear_attn."
+            repeats = value.shape[2] // query.shape[2]
+
+            def as_consumed(x):
+                x = module.l2norm(x.repeat_interleave(repeats, dim=2).float(), dim=-1, eps=1e-6)
+                return x.transpose(1, 2)
+
+            RECORDER.put(prefix + "attention_queries", as_consumed(query))
+            RECORDER.put(prefix + "attention_keys", as_consumed(key))
+            RECORDER.put(prefix + "attention_values", value.transpose(1, 2))
+            batch, _, heads, value_dim = value.shape
+            start = initial_state if initial_state is not None else torch.zeros(batch, heads, query.shape[-1], value_dim)
+            RECORDER.put(prefix + "state_input", start)
+            out, last = kernel(query, key, value, g, beta, *args, initial_state=initial_state,
+                               output_final_state=True, **kwargs)
+            RECORDER.put(prefix + "state_output", last)
+            RECORDER.put(prefix + "attention_head_outputs", out)
+            return out, (last if output_final_state else None)
+
+        return recorded
+
+    module.torch_chunk_gated_delta_rule = recording(module.torch_chunk_gated_delta_rule)
+    module.torch_recurrent_gated_delta_rule = recording(module.torch_recurrent_gated_delta_rule)
+
+
+for _module in (modeling_qwen3_next, modeling_qwen3_5, modeling_qwen3_5_moe):
+    capture_delta_rule(_module)
+
+
 def output_tensor(output):
     return output[0] if isinstance(output, tuple) else output
 
@@ -192,7 +238,7 @@ def attach_hooks(model):
     embeddings.register_forward_hook(lambda m, a, o: RECORDER.put("token_embeddings", o))
     for i, block in enumerate(blocks):
         # Hybrids name each layer's mixer after its kind (Bamba: `mamba` or `self_attn`).
-        mixer = next(getattr(block, name) for name in (attn, "mamba") if hasattr(block, name))
+        mixer = next(getattr(block, name) for name in (attn, "mamba", "linear_attn") if hasattr(block, name))
         mlp = next((getattr(block, name) for name in ("mlp", "feed_forward") if hasattr(block, name)), None)
 
         def pre(m, args, kwargs, i=i):
@@ -232,15 +278,16 @@ def perturb_constants(model, generator):
             if name.endswith(".bias") or name.endswith(".dt_bias"):
                 param.copy_(torch.randn(param.shape, generator=generator) * 0.1)
             elif ("ln_" in name or "norm" in name) and name.endswith(".weight") or name.endswith(".D"):
-                param.copy_(1.0 + torch.randn(param.shape, generator=generator) * 0.1)
+                # Around the initial value: 1 for most norms, 0 for zero-centred `(1 + w)` ones.
+                param.add_(torch.randn(param.shape, generator=generator) * 0.1)
             elif name.endswith(".A_log"):
                 param.add_(torch.randn(param.shape, generator=generator) * 0.1)
 
 
-def build_model(seed, config_class, model_class, **config):
+def build_model(seed, config_class, model_class, initializer_range=0.2, **config):
     """A seeded random model with perturbed constants and recording hooks attached."""
     torch.manual_seed(seed)
-    cfg = config_class(initializer_range=0.2, **config)
+    cfg = config_class(initializer_range=initializer_range, **config)
     cfg._attn_implementation = "hookscope_capture"
     model = model_class(cfg).eval()
     perturb_constants(model, torch.Generator().manual_seed(seed + 1))
@@ -436,6 +483,40 @@ def make_bamba_models():
     write_case(FIXTURES / "bamba-hybrid", model, prompts, eos_token_id=vocab - 1)
 
 
+def make_deltanet_models():
+    """Tiny Gated DeltaNet hybrids with a prompt longer than one chunk of 64: Qwen3-Next (grouped
+    projections, MoE with a shared expert on layers 0 and 2, a dense MLP on layer 1, two value
+    heads per key head), Qwen3.5 (dense, one value head per key head) and Qwen3.5-MoE. Key and
+    value head dimensions differ, so a transposed state would show. Weights are drawn with
+    standard deviation 0.1 rather than 0.2: with these layer widths 0.2 gives every projection a
+    gain above 2, and float32 rounding differences between any two implementations then grow past
+    the 1e-4 tolerance within three layers."""
+    vocab = 96
+    generator = torch.Generator().manual_seed(29)
+    prompts = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in (70, 5)]
+    common = dict(
+        vocab_size=vocab, bos_token_id=vocab - 1, eos_token_id=vocab - 1, pad_token_id=vocab - 1,
+        hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+        linear_num_key_heads=2, linear_key_head_dim=8, linear_value_head_dim=16, linear_conv_kernel_dim=4,
+        max_position_embeddings=128, layer_types=["linear_attention", "full_attention", "linear_attention"],
+        num_hidden_layers=3)
+    mrope = dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.5, mrope_section=[2, 1, 1],
+                 mrope_interleaved=True)
+    moe = dict(num_experts=4, num_experts_per_tok=2, moe_intermediate_size=12, shared_expert_intermediate_size=20)
+    cases = {
+        "qwen3-next-moe": (Qwen3NextConfig, Qwen3NextForCausalLM, dict(
+            linear_num_value_heads=4, intermediate_size=40, mlp_only_layers=[1], norm_topk_prob=True,
+            rope_parameters=dict(rope_type="default", rope_theta=10000.0, partial_rotary_factor=0.25), **moe)),
+        "qwen3.5-dense": (Qwen3_5TextConfig, Qwen3_5ForCausalLM, dict(
+            linear_num_value_heads=2, intermediate_size=40, rope_parameters=mrope, tie_word_embeddings=True)),
+        "qwen3.5-moe": (Qwen3_5MoeTextConfig, Qwen3_5MoeForCausalLM, dict(
+            linear_num_value_heads=4, rope_parameters=mrope, **moe)),
+    }
+    for seed, (name, (config_class, model_class, config)) in enumerate(cases.items()):
+        model = build_model(600 + seed, config_class, model_class, initializer_range=0.1, **common, **config)
+        write_case(FIXTURES / name, model, prompts, eos_token_id=vocab - 1)
+
+
 def make_gptneox_models():
     """Tiny GPT-NeoX (Pythia-style) configs for the example plugin: parallel residual with a
     quarter of each head rotated, and a sequential residual with half rotated."""
@@ -569,6 +650,7 @@ FAMILIES = {
     "mamba": make_mamba_models,
     "mamba2": make_mamba2_models,
     "bamba": make_bamba_models,
+    "deltanet": make_deltanet_models,
     "gptneox": make_gptneox_models,
     "default": None,
 }

@@ -161,3 +161,19 @@ fn mamba2_and_bamba_generation_match_transformers_at_every_step() {
         assert_generation_parity(fixture, |_| false);
     }
 }
+
+const DELTANET_FIXTURES: [&str; 3] = ["qwen3-next-moe", "qwen3.5-dense", "qwen3.5-moe"];
+
+#[test]
+fn deltanet_hybrids_match_transformers_at_every_site() {
+    for fixture in DELTANET_FIXTURES {
+        assert_parity(fixture, &[]);
+    }
+}
+
+#[test]
+fn deltanet_hybrid_generation_matches_transformers_at_every_step() {
+    for fixture in DELTANET_FIXTURES {
+        assert_generation_parity(fixture, |_| false);
+    }
+}

@@ -192,7 +192,7 @@ impl CausalLm for Gpt2 {
                 },
                 Some(|hidden| {
                     let inner = block.c_fc.forward(block.ln_2.forward(hidden));
-                    block.mlp_proj.forward(self.activation.forward(inner))
+                    Ok(block.mlp_proj.forward(self.activation.forward(inner)))
                 }),
             )?;
         }

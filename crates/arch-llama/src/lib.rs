@@ -74,6 +74,8 @@ impl Llama {
                     head_dim,
                     qkv_bias,
                     o_bias,
+                    qk_norm: None,
+                    output_gate: false,
                 };
                 Block {
                     input_norm: RmsNorm::load(loader, &name("input_layernorm"), h, eps),
@@ -120,7 +122,7 @@ impl CausalLm for Llama {
                     let x = block.input_norm.forward(hidden);
                     block.attention.forward(x, &rotary, call)
                 },
-                Some(|hidden| block.mlp.forward(block.post_attention_norm.forward(hidden))),
+                Some(|hidden| Ok(block.mlp.forward(block.post_attention_norm.forward(hidden)))),
             )?;
         }
         Ok(self.lm_head.forward(self.norm.forward(hidden)))

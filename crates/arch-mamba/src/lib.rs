@@ -271,7 +271,7 @@ impl CausalLm for Mamba {
                     let x = block.norm.forward(hidden);
                     self.mix(layer, &block.mixer, x, call)
                 },
-                None::<fn(Tensor<3>) -> Tensor<3>>,
+                None::<fn(Tensor<3>) -> Result<Tensor<3>>>,
             )?;
         }
         Ok(self.lm_head.forward(self.norm_f.forward(hidden)))

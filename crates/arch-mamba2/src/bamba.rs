@@ -248,6 +248,8 @@ impl Bamba {
                         head_dim,
                         qkv_bias: config.attention_bias,
                         o_bias: config.attention_bias,
+                        qk_norm: None,
+                        output_gate: false,
                     };
                     let attention = ProjectedAttention::load(loader, &name("self_attn"), &spec);
                     let layer = LayerSpec::attention(heads, kv_heads, head_dim);
@@ -318,9 +320,9 @@ impl CausalLm for Bamba {
                     }
                 },
                 Some(|hidden| {
-                    block
+                    Ok(block
                         .feed_forward
-                        .forward(block.pre_ff_norm.forward(hidden))
+                        .forward(block.pre_ff_norm.forward(hidden)))
                 }),
             )?;
         }

@@ -171,7 +171,7 @@ impl CausalLm for Mamba2 {
                 hidden,
                 call,
                 |hidden, call| block.mixer.forward(block.norm.forward(hidden), call),
-                None::<fn(Tensor<3>) -> Tensor<3>>,
+                None::<fn(Tensor<3>) -> Result<Tensor<3>>>,
             )?;
         }
         Ok(self.lm_head.forward(self.norm_f.forward(hidden)))

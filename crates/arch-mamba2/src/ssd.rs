@@ -9,7 +9,8 @@
 //! recurrence on the chunk states, so the cost grows linearly with the prompt. A decode step
 //! runs the recurrence once. Both leave the same state.
 
-use hookscope_core::burn::tensor::{Bool, Tensor};
+use hookscope_core::burn::tensor::Tensor;
+use hookscope_core::nn::decay_matrix;
 
 /// One call's scan inputs.
 #[derive(Debug, Clone)]
@@ -148,29 +149,6 @@ pub fn chunked(inputs: ScanInputs, initial: Tensor<4>, chunk: usize) -> (Tensor<
         .reshape([batch, padded, heads, head_dim]);
     let y = (y_diagonal + y_carried).slice_dim(1, 0..tokens);
     (y, state)
-}
-
-/// The decay between positions of each chunk, from the per-position log-decays `x`
-/// `[..., L]`: `[..., L, L]` with `out[l, s] = Π_{s<k≤l} exp(x_k)` for `s ≤ l` and 0 above the
-/// diagonal. A running product of `L` exponentials, not the exponential of `L²` segment sums:
-/// as precise (no difference of large running sums) and `L` times fewer `exp`s.
-fn decay_matrix(x: Tensor<4>) -> Tensor<5> {
-    let [batch, heads, chunks, length] = x.dims();
-    let device = x.device();
-    let shape = [batch, heads, chunks, length, length];
-    let on_or_above: Tensor<5, Bool> = Tensor::<2, Bool>::tril_mask([length, length], -1, &device)
-        .unsqueeze::<5>()
-        .expand(shape);
-    // factors[l, s] = exp(x_l) below the diagonal, 1 on and above it.
-    let factors = x
-        .exp()
-        .unsqueeze_dim::<5>(4)
-        .expand(shape)
-        .mask_fill(on_or_above, 1.0);
-    let above: Tensor<5, Bool> = Tensor::<2, Bool>::tril_mask([length, length], 0, &device)
-        .unsqueeze::<5>()
-        .expand(shape);
-    factors.cumprod(3).mask_fill(above, 0.0)
 }
 
 /// One token's update of `state` `[B, H, P, N]` (inputs with `T = 1`; `c` is not read).

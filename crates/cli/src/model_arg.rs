@@ -13,12 +13,16 @@ pub struct ModelArg {
 }
 
 impl ModelArg {
-    /// Loads the model on the default device.
+    /// Loads the model on the default device, printing what the adapter noted about the load.
     pub fn load(&self) -> Result<Model> {
         let source = match &self.model {
             Some(spec) => ModelSource::resolve(spec)?,
             None => hookscope::default_model(),
         };
-        Model::load(&source, &Device::default())
+        let model = Model::load(&source, &Device::default())?;
+        for note in &model.load_report().notes {
+            eprintln!("note: {note}");
+        }
+        Ok(model)
     }
 }

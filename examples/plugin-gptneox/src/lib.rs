@@ -214,7 +214,7 @@ impl CausalLm for GptNeox {
             };
             let mlp = |x: Tensor<3>| {
                 let inner = block.up.forward(block.post_attention_norm.forward(x));
-                block.down.forward(self.activation.forward(inner))
+                Ok(block.down.forward(self.activation.forward(inner)))
             };
             hidden = if self.config.use_parallel_residual {
                 parallel_residual_block(layer, hidden, call, mixer, mlp)?

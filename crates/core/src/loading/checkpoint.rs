@@ -199,6 +199,7 @@ pub struct WeightLoader<'a> {
     device: Device,
     used: BTreeSet<String>,
     problems: Vec<String>,
+    notes: Vec<String>,
     parameters: usize,
 }
 
@@ -209,6 +210,9 @@ pub struct LoadReport {
     pub unused: Vec<String>,
     /// Number of parameters loaded.
     pub parameters: usize,
+    /// What the adapter wants the user to know about the load (e.g. a part of the checkpoint
+    /// it does not run).
+    pub notes: Vec<String>,
 }
 
 impl<'a> WeightLoader<'a> {
@@ -229,8 +233,14 @@ impl<'a> WeightLoader<'a> {
             device: device.clone(),
             used: BTreeSet::new(),
             problems: Vec::new(),
+            notes: Vec::new(),
             parameters: 0,
         }
+    }
+
+    /// Records something the user should know about this load (shown by the CLI).
+    pub fn note(&mut self, note: impl Into<String>) {
+        self.notes.push(note.into());
     }
 
     /// Whether a weight of this name is available (always, for random weights).
@@ -290,6 +300,7 @@ impl<'a> WeightLoader<'a> {
         Ok(LoadReport {
             unused,
             parameters: self.parameters,
+            notes: self.notes,
         })
     }
 }

@@ -9,7 +9,7 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Tensor, activation};
 
-use super::{Linear, Rotary};
+use super::{Linear, RmsNorm, Rotary};
 use crate::cache::KvCache;
 use crate::call::Call;
 use crate::error::Result;
@@ -97,7 +97,7 @@ impl SoftmaxAttention {
 }
 
 /// The shape of a Llama-style attention layer with separate projections.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ProjectedAttentionSpec {
     /// The layer it belongs to.
     pub layer: usize,
@@ -113,17 +113,34 @@ pub struct ProjectedAttentionSpec {
     pub qkv_bias: bool,
     /// Bias on the output projection.
     pub o_bias: bool,
+    /// Per-head RMSNorm of queries and keys before the rotary (`q_norm`, `k_norm`), if any.
+    pub qk_norm: Option<QkNorm>,
+    /// Whether `q_proj` also yields an output gate (per head `[query | gate]`):
+    /// `sigmoid(gate)` scales the merged head outputs before `o_proj` (Qwen3-Next).
+    pub output_gate: bool,
+}
+
+/// How queries and keys are normalised per head.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct QkNorm {
+    /// Epsilon.
+    pub eps: f64,
+    /// Whether the stored weights are zero-centred (the scale is `1 + weight`).
+    pub unit_offset: bool,
 }
 
 /// Softmax attention behind separate `q_proj`, `k_proj`, `v_proj` and `o_proj` maps, with
 /// rotary positions on queries and keys (Llama, Mistral, Qwen2, the attention layers of
-/// hybrids such as Bamba).
+/// hybrids such as Bamba), optionally with per-head query/key norms and an output gate
+/// (Qwen3-Next's gated attention).
 #[derive(Debug, Clone)]
 pub struct ProjectedAttention {
     q_proj: Linear,
     k_proj: Linear,
     v_proj: Linear,
     o_proj: Linear,
+    qk_norm: Option<(RmsNorm, RmsNorm)>,
+    output_gate: bool,
     attention: SoftmaxAttention,
 }
 
@@ -139,15 +156,31 @@ impl ProjectedAttention {
             head_dim,
             qkv_bias,
             o_bias,
+            qk_norm,
+            output_gate,
         } = *spec;
+        let query_width = if output_gate { 2 } else { 1 } * heads * head_dim;
+        let qk_norm = qk_norm.map(|QkNorm { eps, unit_offset }| {
+            let mut norm = |part: &str| {
+                let name = format!("{name}.{part}");
+                if unit_offset {
+                    RmsNorm::load_unit_offset(loader, &name, head_dim, eps)
+                } else {
+                    RmsNorm::load(loader, &name, head_dim, eps)
+                }
+            };
+            (norm("q_norm"), norm("k_norm"))
+        });
         let mut linear = |part: &str, d_in, d_out, bias| {
             Linear::load_torch(loader, &format!("{name}.{part}"), d_in, d_out, bias)
         };
         ProjectedAttention {
-            q_proj: linear("q_proj", hidden, heads * head_dim, qkv_bias),
+            q_proj: linear("q_proj", hidden, query_width, qkv_bias),
             k_proj: linear("k_proj", hidden, kv_heads * head_dim, qkv_bias),
             v_proj: linear("v_proj", hidden, kv_heads * head_dim, qkv_bias),
             o_proj: linear("o_proj", heads * head_dim, hidden, o_bias),
+            qk_norm,
+            output_gate,
             attention: SoftmaxAttention {
                 layer,
                 heads,
@@ -168,17 +201,36 @@ impl ProjectedAttention {
     ) -> Result<Tensor<3>> {
         let [batch, tokens, _] = x.dims();
         let attention = &self.attention;
-        let split_heads = |x: Tensor<3>, heads: usize| -> Tensor<4> {
-            x.reshape([batch, tokens, heads, attention.head_dim])
-                .swap_dims(1, 2)
+        let (heads, head_dim) = (attention.heads, attention.head_dim);
+        // [B, T, heads * D] → [B, T, heads, D].
+        let per_head = |x: Tensor<3>, heads: usize| -> Tensor<4> {
+            x.reshape([batch, tokens, heads, head_dim])
+        };
+        let (q, gate) = if self.output_gate {
+            let both = self
+                .q_proj
+                .forward(x.clone())
+                .reshape([batch, tokens, heads, 2 * head_dim]);
+            let gate = both.clone().slice_dim(3, head_dim..2 * head_dim);
+            let gate = gate.reshape([batch, tokens, heads * head_dim]);
+            (both.slice_dim(3, 0..head_dim), Some(gate))
+        } else {
+            (per_head(self.q_proj.forward(x.clone()), heads), None)
+        };
+        let k = per_head(self.k_proj.forward(x.clone()), attention.kv_heads);
+        let v = per_head(self.v_proj.forward(x), attention.kv_heads);
+        let (q, k) = match &self.qk_norm {
+            Some((q_norm, k_norm)) => (q_norm.forward(q), k_norm.forward(k)),
+            None => (q, k),
         };
         let (cos, sin) = rotary;
-        let q = split_heads(self.q_proj.forward(x.clone()), attention.heads);
-        let k = split_heads(self.k_proj.forward(x.clone()), attention.kv_heads);
-        let v = split_heads(self.v_proj.forward(x), attention.kv_heads);
-        let q = Rotary::apply(q, cos, sin);
-        let k = Rotary::apply(k, cos, sin);
-        let mixed = attention.forward(q, k, v, call)?;
+        let q = Rotary::apply(q.swap_dims(1, 2), cos, sin);
+        let k = Rotary::apply(k.swap_dims(1, 2), cos, sin);
+        let mixed = attention.forward(q, k, v.swap_dims(1, 2), call)?;
+        let mixed = match gate {
+            Some(gate) => mixed * activation::sigmoid(gate),
+            None => mixed,
+        };
         Ok(self.o_proj.forward(mixed))
     }
 }

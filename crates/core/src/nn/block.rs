@@ -10,7 +10,7 @@ use crate::schema::{LayerSite, Site};
 /// `h + mixer(h)`, then, if the block has one, `h + mlp(h)`, serving `layer_input`,
 /// `attention_output`, `mlp_output` and `layer_output` of `layer`. The closures apply their own
 /// norms; the mixer serves its interior sites itself.
-pub fn residual_block<Mlp: FnOnce(Tensor<3>) -> Tensor<3>>(
+pub fn residual_block<Mlp: FnOnce(Tensor<3>) -> Result<Tensor<3>>>(
     layer: usize,
     hidden: Tensor<3>,
     call: &mut Call<'_>,
@@ -23,7 +23,7 @@ pub fn residual_block<Mlp: FnOnce(Tensor<3>) -> Tensor<3>>(
     let attention_output = call.visit(site(LayerSite::AttentionOutput), mixed)?;
     let mut hidden = hidden + attention_output;
     if let Some(mlp) = mlp {
-        let mlp_output = call.visit(site(LayerSite::MlpOutput), mlp(hidden.clone()))?;
+        let mlp_output = call.visit(site(LayerSite::MlpOutput), mlp(hidden.clone())?)?;
         hidden = hidden + mlp_output;
     }
     call.visit(site(LayerSite::LayerOutput), hidden)
@@ -36,13 +36,13 @@ pub fn parallel_residual_block(
     hidden: Tensor<3>,
     call: &mut Call<'_>,
     mixer: impl FnOnce(Tensor<3>, &mut Call<'_>) -> Result<Tensor<3>>,
-    mlp: impl FnOnce(Tensor<3>) -> Tensor<3>,
+    mlp: impl FnOnce(Tensor<3>) -> Result<Tensor<3>>,
 ) -> Result<Tensor<3>> {
     let site = |site| Site::layer(layer, site);
     let hidden = call.visit(site(LayerSite::LayerInput), hidden)?;
     let mixed = mixer(hidden.clone(), call)?;
     let attention_output = call.visit(site(LayerSite::AttentionOutput), mixed)?;
-    let mlp_output = call.visit(site(LayerSite::MlpOutput), mlp(hidden.clone()))?;
+    let mlp_output = call.visit(site(LayerSite::MlpOutput), mlp(hidden.clone())?)?;
     call.visit(
         site(LayerSite::LayerOutput),
         hidden + attention_output + mlp_output,

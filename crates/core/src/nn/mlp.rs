@@ -28,6 +28,16 @@ pub struct GatedMlp {
 }
 
 impl GatedMlp {
+    /// The MLP of three `[out, in]` matrices (e.g. one expert's slices of fused tensors).
+    pub fn from_out_in([gate, up, down]: [Tensor<2>; 3], activation: Activation) -> Self {
+        GatedMlp {
+            gate: Linear::from_out_in(gate),
+            up: Linear::from_out_in(up),
+            down: Linear::from_out_in(down),
+            activation,
+        }
+    }
+
     /// Loads `{name}.gate_proj`, `{name}.up_proj` and `{name}.down_proj` (torch layouts).
     pub fn load(loader: &mut WeightLoader<'_>, name: &str, spec: &GatedMlpSpec) -> Self {
         let GatedMlpSpec {
@@ -44,8 +54,8 @@ impl GatedMlp {
         }
     }
 
-    /// Applies the MLP to `[B, T, H]`.
-    pub fn forward(&self, x: Tensor<3>) -> Tensor<3> {
+    /// Applies the MLP to the last axis of `x` (`[B, T, H]`, or `[rows, H]`).
+    pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let gate = self.activation.forward(self.gate.forward(x.clone()));
         self.down.forward(gate * self.up.forward(x))
     }

@@ -45,6 +45,21 @@ impl RmsNorm {
         }
     }
 
+    /// Loads `{name}.weight` stored zero-centred, as Qwen3-Next and Qwen3.5 keep it: the
+    /// scale is `1 + weight`.
+    pub fn load_unit_offset(
+        loader: &mut WeightLoader<'_>,
+        name: &str,
+        size: usize,
+        eps: f64,
+    ) -> Self {
+        let stored: Tensor<1> = loader.tensor(&format!("{name}.weight"), [size]);
+        RmsNorm {
+            weight: stored + 1.0,
+            eps,
+        }
+    }
+
     /// Normalises the last axis.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         rms_normalise(x, self.eps) * self.weight.clone().unsqueeze()

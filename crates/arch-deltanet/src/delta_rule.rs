@@ -1,0 +1,209 @@
+//! The gated delta rule ("Gated Delta Networks: Improving Mamba2 with Delta Rule", Yang, Kautz
+//! & Hatamizadeh, 2024), per value head with state `S` `[DK, DV]`:
+//!
+//! ```text
+//! S_t = exp(g_t) S_{t-1};   S_t += k_t (β_t (v_t - S_tᵀ k_t))ᵀ;   o_t = S_tᵀ q_t
+//! ```
+//!
+//! A prompt call runs the chunked form (chunks of 64, as transformers and llama.cpp do): inside
+//! a chunk the corrections `β (v - Sᵀk)` of all positions are solved at once through the
+//! unit-lower-triangular system `(I + L) U = β v` (the "UT transform"); between chunks the state
+//! is carried. Linear in the prompt length. A decode step applies the rule once. Both leave the
+//! same state.
+
+use hookscope_core::burn::tensor::{Bool, Tensor};
+use hookscope_core::nn::pairwise_decay;
+
+/// The chunk length of the prompt call.
+pub const CHUNK: usize = 64;
+
+/// One call's inputs, heads first.
+#[derive(Debug, Clone)]
+pub struct RuleInputs {
+    /// `[B, NV, T, DK]` queries: L2-normalised, scaled by `1/sqrt(DK)`.
+    pub q: Tensor<4>,
+    /// `[B, NV, T, DK]` keys: L2-normalised.
+    pub k: Tensor<4>,
+    /// `[B, NV, T, DV]` values.
+    pub v: Tensor<4>,
+    /// `[B, NV, T]` write strengths `β` in (0, 1).
+    pub beta: Tensor<3>,
+    /// `[B, NV, T]` log-decays `g` ≤ 0.
+    pub g: Tensor<3>,
+}
+
+/// The chunked rule from `initial` `[B, NV, DK, DV]`: outputs `[B, NV, T, DV]` and the state
+/// after the last token. Chunks hold [`CHUNK`] tokens, or all of them when there are fewer
+/// (the chunk length changes nothing but rounding).
+pub fn chunked(inputs: RuleInputs, initial: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
+    let RuleInputs { q, k, v, beta, g } = inputs;
+    let [batch, heads, tokens, _] = q.dims();
+    let chunk = CHUNK.min(tokens).max(1);
+    let chunks = tokens.div_ceil(chunk);
+    let padded = chunks * chunk;
+    // Padding positions have zero keys, values and log-decay: they change nothing.
+    let pad = |t: Tensor<4>| -> Tensor<5> {
+        let [batch, heads, _, width] = t.dims();
+        let t = if padded == tokens {
+            t
+        } else {
+            let zeros = Tensor::zeros([batch, heads, padded - tokens, width], &t.device());
+            Tensor::cat(vec![t, zeros], 2)
+        };
+        t.reshape([batch, heads, chunks, chunk, width])
+    };
+    let per_position = |t: Tensor<3>| -> Tensor<4> {
+        pad(t.unsqueeze_dim::<4>(3)).reshape([batch, heads, chunks, chunk])
+    };
+    let beta = per_position(beta).unsqueeze_dim::<5>(4);
+    let g = per_position(g);
+    let (q, k, v) = (pad(q), pad(k), pad(v));
+    let k_beta = k.clone() * beta.clone();
+    let v_beta = v * beta;
+    let cumulative = g.cumsum(3);
+    let decay = pairwise_decay(cumulative.clone());
+    let device = k.device();
+    let strictly_lower = |t: Tensor<5>| -> Tensor<5> {
+        let on_or_above: Tensor<5, Bool> =
+            Tensor::<2, Bool>::tril_mask([chunk, chunk], -1, &device)
+                .unsqueeze::<5>()
+                .expand(t.dims());
+        t.mask_fill(on_or_above, 0.0)
+    };
+    let lower = strictly_lower(k_beta.clone().matmul(k.clone().swap_dims(3, 4)) * decay.clone());
+    let solve = unit_lower_inverse(lower);
+    let corrections = solve.clone().matmul(v_beta);
+    let decayed_keys = solve.matmul(k_beta * cumulative.clone().exp().unsqueeze_dim::<5>(4));
+    let within = q.clone().matmul(k.clone().swap_dims(3, 4)) * decay;
+    let q_decayed = q * cumulative.clone().exp().unsqueeze_dim::<5>(4);
+    let chunk_total = cumulative.clone().slice_dim(3, chunk - 1..chunk);
+    let k_to_end = k
+        * (chunk_total.clone() - cumulative)
+            .exp()
+            .unsqueeze_dim::<5>(4);
+    let chunk_decay = chunk_total.exp();
+
+    let at = |t: &Tensor<5>, n: usize| -> Tensor<4> {
+        let [batch, heads, _, rows, cols] = t.dims();
+        t.clone()
+            .slice_dim(2, n..n + 1)
+            .reshape([batch, heads, rows, cols])
+    };
+    let mut state = initial;
+    let mut outputs = Vec::with_capacity(chunks);
+    for n in 0..chunks {
+        let new_values = at(&corrections, n) - at(&decayed_keys, n).matmul(state.clone());
+        outputs.push(
+            at(&q_decayed, n).matmul(state.clone()) + at(&within, n).matmul(new_values.clone()),
+        );
+        let decay = chunk_decay
+            .clone()
+            .slice_dim(2, n..n + 1)
+            .reshape([batch, heads, 1, 1]);
+        state = state * decay + at(&k_to_end, n).swap_dims(2, 3).matmul(new_values);
+    }
+    let output = Tensor::cat(outputs, 2).slice_dim(2, 0..tokens);
+    (output, state)
+}
+
+/// `(I + L)⁻¹` for strictly lower-triangular `L` `[..., C, C]`, by forward substitution one row
+/// at a time (row `i` of the inverse from the rows above it), as transformers computes it.
+fn unit_lower_inverse(lower: Tensor<5>) -> Tensor<5> {
+    let [batch, heads, chunks, size, _] = lower.dims();
+    let mut inverse = lower.neg();
+    for i in 1..size {
+        let row = inverse
+            .clone()
+            .slice([0..batch, 0..heads, 0..chunks, i..i + 1, 0..i]);
+        let above = inverse
+            .clone()
+            .slice([0..batch, 0..heads, 0..chunks, 0..i, 0..i]);
+        let updated = row.clone() + row.matmul(above);
+        inverse = inverse.slice_assign([0..batch, 0..heads, 0..chunks, i..i + 1, 0..i], updated);
+    }
+    let identity: Tensor<2> = Tensor::eye(size, &inverse.device());
+    inverse + identity.unsqueeze::<5>()
+}
+
+/// One token's update of `state` `[B, NV, DK, DV]` (inputs with `T = 1`; `q` is not read).
+pub fn step(inputs: &RuleInputs, state: Tensor<4>) -> Tensor<4> {
+    let [batch, heads, _, _] = inputs.k.dims();
+    let decay = inputs.g.clone().exp().reshape([batch, heads, 1, 1]);
+    let state = state * decay;
+    let beta = inputs.beta.clone().reshape([batch, heads, 1, 1]);
+    // [B, NV, 1, DV]: what the state recalls for this key, and the correction toward v.
+    let recalled = inputs.k.clone().matmul(state.clone());
+    let correction = (inputs.v.clone() - recalled) * beta;
+    state + inputs.k.clone().swap_dims(2, 3).matmul(correction)
+}
+
+/// A decode step's outputs read from `state` with queries `q` `[B, NV, 1, DK]`: `[B, NV, 1, DV]`.
+pub fn read_out(state: &Tensor<4>, q: &Tensor<4>) -> Tensor<4> {
+    q.clone().matmul(state.clone())
+}
+
+#[cfg(test)]
+mod tests {
+    use hookscope_core::burn::tensor::{Device, TensorData};
+
+    use super::*;
+
+    /// Deterministic values in [-0.5, 0.5).
+    fn values<const D: usize>(shape: [usize; D], seed: u64) -> Tensor<D> {
+        let count = shape.iter().product::<usize>() as u64;
+        let values: Vec<f32> = (0..count)
+            .map(|i| ((i * 2_654_435_761 + seed * 97) % 1000) as f32 / 1000.0 - 0.5)
+            .collect();
+        Tensor::from_data(TensorData::new(values, shape), &Device::default())
+    }
+
+    fn l2_normalised(x: Tensor<4>) -> Tensor<4> {
+        let norm = x.clone().powi_scalar(2).sum_dim(3).sqrt();
+        x / norm
+    }
+
+    /// A chunked prefill longer than one chunk (and not a multiple of it) equals the same
+    /// tokens one step at a time: outputs and final state, from a nonzero initial state.
+    #[test]
+    fn chunked_prefill_equals_token_by_token_steps() {
+        let (batch, heads, tokens, dk, dv) = (2, 3, CHUNK + 9, 4, 5);
+        let inputs = RuleInputs {
+            q: l2_normalised(values([batch, heads, tokens, dk], 1)) * 0.5,
+            k: l2_normalised(values([batch, heads, tokens, dk], 2)),
+            v: values([batch, heads, tokens, dv], 3),
+            beta: values([batch, heads, tokens], 4) + 0.5,
+            g: (values([batch, heads, tokens], 5) - 0.6) * 0.5,
+        };
+        let initial = values([batch, heads, dk, dv], 6);
+        let at = |t: &Tensor<4>, i: usize| t.clone().slice_dim(2, i..i + 1);
+        let at3 = |t: &Tensor<3>, i: usize| t.clone().slice_dim(2, i..i + 1);
+        let mut state = initial.clone();
+        let mut outputs = Vec::new();
+        for i in 0..tokens {
+            let one = RuleInputs {
+                q: at(&inputs.q, i),
+                k: at(&inputs.k, i),
+                v: at(&inputs.v, i),
+                beta: at3(&inputs.beta, i),
+                g: at3(&inputs.g, i),
+            };
+            state = step(&one, state);
+            outputs.push(read_out(&state, &one.q));
+        }
+        let stepped = Tensor::cat(outputs, 2)
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        let stepped_state = state.into_data().try_to_vec::<f32>().unwrap();
+        let (output, state) = chunked(inputs, initial);
+        let output = output.into_data().try_to_vec::<f32>().unwrap();
+        let state = state.into_data().try_to_vec::<f32>().unwrap();
+        for (a, b) in output
+            .iter()
+            .zip(&stepped)
+            .chain(state.iter().zip(&stepped_state))
+        {
+            assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+        }
+    }
+}

@@ -1,0 +1,447 @@
+//! The decoder shared by the three model types: `layer_types` mixes Gated DeltaNet layers
+//! (`linear_attn`) and gated full-attention layers (`self_attn`: the query projection also
+//! yields a gate, per-head `q_norm`/`k_norm`, partial rotary); each is followed by a dense gated
+//! MLP or a sparse mixture of experts; every norm outside the DeltaNet mixer is the
+//! zero-centred `(1 + w)` RMSNorm.
+//!
+//! - `qwen3_next` (`Qwen3NextForCausalLM`): grouped `in_proj_qkvz`/`in_proj_ba`; MoE on layers
+//!   with `(i + 1) % decoder_sparse_step == 0` not in `mlp_only_layers` (when `num_experts > 0`),
+//!   top-k renormalised if `norm_topk_prob`.
+//! - `qwen3_5` (`Qwen3_5ForCausalLM`, text config `qwen3_5_text`): separate projections, dense
+//!   MLP everywhere.
+//! - `qwen3_5_moe` (`Qwen3_5MoeForCausalLM`, `qwen3_5_moe_text`): separate projections, MoE
+//!   everywhere, top-k always renormalised.
+//!
+//! Qwen3.5's multimodal rotary takes 3-D position ids; for text all three rows are equal and it
+//! is plain RoPE on the rotary dimensions, which is what runs here. Given a
+//! `*ForConditionalGeneration` checkpoint, the language model is loaded (`text_config`,
+//! weights under `model.language_model.`) and the vision tower is ignored, with a note.
+
+use std::cell::OnceCell;
+
+use hookscope_core::burn::tensor::Tensor;
+use hookscope_core::nn::{
+    Activation, Embedding, GatedMlp, GatedMlpSpec, Linear, MoeSpec, ProjectedAttention,
+    ProjectedAttentionSpec, QkNorm, RmsNorm, RopeScaling, Rotary, SparseMoe, residual_block,
+};
+use hookscope_core::schema::LayerSpec;
+use hookscope_core::{ArchConfig, Call, CausalLm, ModelLayout, Result, Site, WeightLoader};
+use serde::Deserialize;
+use serde_json::Value;
+
+use crate::mixer::{DeltaNetSpec, GatedDeltaNet, ProjectionLayout};
+
+/// Which of the three model types a checkpoint is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Family {
+    /// `qwen3_next`.
+    Qwen3Next,
+    /// `qwen3_5` (dense).
+    Qwen35,
+    /// `qwen3_5_moe`.
+    Qwen35Moe,
+}
+
+/// The text model's `config.json` fields the forward pass depends on (defaults as
+/// transformers' configs).
+#[derive(Debug, Clone, Deserialize)]
+pub struct HybridConfig {
+    /// Vocabulary size.
+    pub vocab_size: usize,
+    /// Hidden size.
+    pub hidden_size: usize,
+    /// Layers.
+    pub num_hidden_layers: usize,
+    /// Attention query heads.
+    pub num_attention_heads: usize,
+    /// Attention key/value heads (default: the query heads).
+    #[serde(default)]
+    pub num_key_value_heads: Option<usize>,
+    /// Attention head dimension (default `hidden_size / num_attention_heads`).
+    #[serde(default)]
+    pub head_dim: Option<usize>,
+    /// Dense MLP inner size.
+    #[serde(default)]
+    pub intermediate_size: Option<usize>,
+    /// Activation of the MLPs and of the DeltaNet convolution.
+    #[serde(default = "default_act")]
+    pub hidden_act: String,
+    /// Epsilon of every RMSNorm.
+    #[serde(default = "default_eps")]
+    pub rms_norm_eps: f64,
+    /// Biases on the attention projections.
+    #[serde(default)]
+    pub attention_bias: bool,
+    /// Whether the head shares the embedding table.
+    #[serde(default)]
+    pub tie_word_embeddings: bool,
+    /// Convolution width of the DeltaNet mixer.
+    #[serde(default = "default_kernel")]
+    pub linear_conv_kernel_dim: usize,
+    /// DeltaNet key head dimension.
+    #[serde(default = "default_linear_dim")]
+    pub linear_key_head_dim: usize,
+    /// DeltaNet value head dimension.
+    #[serde(default = "default_linear_dim")]
+    pub linear_value_head_dim: usize,
+    /// DeltaNet key heads.
+    #[serde(default = "default_key_heads")]
+    pub linear_num_key_heads: usize,
+    /// DeltaNet value heads.
+    #[serde(default = "default_value_heads")]
+    pub linear_num_value_heads: usize,
+    /// `linear_attention` or `full_attention` per layer.
+    #[serde(default)]
+    pub layer_types: Option<Vec<String>>,
+    /// Every this many layers one is full attention, when `layer_types` is absent.
+    #[serde(default = "default_interval")]
+    pub full_attention_interval: usize,
+    /// Experts.
+    #[serde(default)]
+    pub num_experts: usize,
+    /// Experts per token.
+    #[serde(default)]
+    pub num_experts_per_tok: usize,
+    /// Whether top-k weights are renormalised (Qwen3-Next).
+    #[serde(default = "default_true")]
+    pub norm_topk_prob: bool,
+    /// Each expert's inner size.
+    #[serde(default)]
+    pub moe_intermediate_size: usize,
+    /// The shared expert's inner size (0: none).
+    #[serde(default)]
+    pub shared_expert_intermediate_size: usize,
+    /// Every this many layers one is sparse (Qwen3-Next).
+    #[serde(default = "default_one")]
+    pub decoder_sparse_step: usize,
+    /// Layers with a dense MLP (Qwen3-Next).
+    #[serde(default)]
+    pub mlp_only_layers: Vec<usize>,
+    /// Rotary parameters (new style).
+    #[serde(default)]
+    pub rope_parameters: Option<Value>,
+    /// Rotary base (old style).
+    #[serde(default)]
+    pub rope_theta: Option<f64>,
+    /// Rotated share of each head (old style).
+    #[serde(default)]
+    pub partial_rotary_factor: Option<f64>,
+}
+
+fn default_act() -> String {
+    "silu".into()
+}
+fn default_eps() -> f64 {
+    1e-6
+}
+fn default_kernel() -> usize {
+    4
+}
+fn default_linear_dim() -> usize {
+    128
+}
+fn default_key_heads() -> usize {
+    16
+}
+fn default_value_heads() -> usize {
+    32
+}
+fn default_interval() -> usize {
+    4
+}
+fn default_true() -> bool {
+    true
+}
+fn default_one() -> usize {
+    1
+}
+
+impl HybridConfig {
+    /// Whether layer `i` is full attention.
+    fn is_attention(&self, config: &ArchConfig, i: usize) -> Result<bool> {
+        match &self.layer_types {
+            Some(types) => match types.get(i).map(String::as_str) {
+                Some("full_attention") => Ok(true),
+                Some("linear_attention") => Ok(false),
+                Some(other) => Err(config.unsupported(format!("layer_types[{i}] `{other}`"))),
+                None => Err(config.unsupported(format!(
+                    "layer_types has {} entries for {} layers",
+                    types.len(),
+                    self.num_hidden_layers
+                ))),
+            },
+            None if self.full_attention_interval == 0 => {
+                Err(config.unsupported("full_attention_interval 0"))
+            }
+            None => Ok((i + 1).is_multiple_of(self.full_attention_interval)),
+        }
+    }
+
+    /// `(theta, rotary dimensions)` of the attention layers.
+    fn rotary(&self, config: &ArchConfig, head_dim: usize) -> Result<(f64, usize)> {
+        let params = self.rope_parameters.as_ref().filter(|p| !p.is_null());
+        let field = |key: &str| params.and_then(|p| p.get(key));
+        let kind = field("rope_type")
+            .and_then(Value::as_str)
+            .unwrap_or("default");
+        if kind != "default" {
+            return Err(config.unsupported(format!("rope type `{kind}` (default only)")));
+        }
+        let theta = field("rope_theta")
+            .and_then(Value::as_f64)
+            .or(self.rope_theta)
+            .unwrap_or(10_000.0);
+        let factor = field("partial_rotary_factor")
+            .and_then(Value::as_f64)
+            .or(self.partial_rotary_factor)
+            .unwrap_or(0.25);
+        Ok((theta, (head_dim as f64 * factor) as usize))
+    }
+
+    /// The MoE block of layer `i`, if it has one.
+    fn moe(&self, family: Family, i: usize, activation: Activation) -> Option<MoeSpec> {
+        let sparse = match family {
+            Family::Qwen35 => false,
+            Family::Qwen35Moe => true,
+            Family::Qwen3Next => {
+                self.num_experts > 0
+                    && !self.mlp_only_layers.contains(&i)
+                    && (i + 1).is_multiple_of(self.decoder_sparse_step.max(1))
+            }
+        };
+        sparse.then_some(MoeSpec {
+            hidden: self.hidden_size,
+            experts: self.num_experts,
+            top_k: self.num_experts_per_tok,
+            inner: self.moe_intermediate_size,
+            shared_inner: (self.shared_expert_intermediate_size > 0)
+                .then_some(self.shared_expert_intermediate_size),
+            renormalise: family == Family::Qwen35Moe || self.norm_topk_prob,
+            activation,
+        })
+    }
+}
+
+enum Mixer {
+    Attention(Box<ProjectedAttention>),
+    DeltaNet(Box<GatedDeltaNet>),
+}
+
+enum Mlp {
+    Dense(Box<GatedMlp>),
+    Sparse(Box<SparseMoe>),
+}
+
+struct Block {
+    input_norm: RmsNorm,
+    mixer: Mixer,
+    post_attention_norm: RmsNorm,
+    mlp: Mlp,
+}
+
+/// A loaded Gated DeltaNet hybrid.
+pub struct Hybrid {
+    layout: ModelLayout,
+    rotary: Rotary,
+    embed_tokens: Embedding,
+    blocks: Vec<Block>,
+    norm: RmsNorm,
+    lm_head: Linear,
+}
+
+impl Hybrid {
+    /// Builds a model of `family` from its config (a text config, or a conditional-generation
+    /// config holding one under `text_config`) and weights.
+    pub fn load(
+        arch_config: &ArchConfig,
+        loader: &mut WeightLoader<'_>,
+        family: Family,
+    ) -> Result<Self> {
+        let text = arch_config
+            .json
+            .get("text_config")
+            .filter(|t| t.is_object());
+        let config: HybridConfig = match text {
+            Some(text) => {
+                loader.note(
+                    "this checkpoint is multimodal: its language model is loaded, the vision \
+                     tower is ignored",
+                );
+                ArchConfig {
+                    path: arch_config.path.clone(),
+                    json: text.clone(),
+                }
+                .parse()?
+            }
+            None => arch_config.parse()?,
+        };
+        let tied_at_top = arch_config
+            .json
+            .get("tie_word_embeddings")
+            .and_then(Value::as_bool)
+            .unwrap_or(false);
+        let activation = Activation::from_config(arch_config, "hidden_act", &config.hidden_act)?;
+        let (h, eps) = (config.hidden_size, config.rms_norm_eps);
+        let heads = config.num_attention_heads;
+        let kv_heads = config.num_key_value_heads.unwrap_or(heads);
+        let head_dim = match config.head_dim {
+            Some(dim) => dim,
+            None => h.checked_div(heads).unwrap_or(0),
+        };
+        if heads == 0 || kv_heads == 0 || head_dim == 0 || !heads.is_multiple_of(kv_heads) {
+            return Err(arch_config.unsupported(format!(
+                "{heads} attention heads, {kv_heads} key/value heads, head_dim {head_dim}"
+            )));
+        }
+        let delta = DeltaNetSpec {
+            hidden: h,
+            key_heads: config.linear_num_key_heads,
+            value_heads: config.linear_num_value_heads,
+            key_head_dim: config.linear_key_head_dim,
+            value_head_dim: config.linear_value_head_dim,
+            conv_kernel: config.linear_conv_kernel_dim,
+            activation,
+            eps,
+        };
+        delta.check(arch_config)?;
+        let projections = match family {
+            Family::Qwen3Next => ProjectionLayout::Grouped,
+            Family::Qwen35 | Family::Qwen35Moe => ProjectionLayout::Separate,
+        };
+        let (theta, rotary_dims) = config.rotary(arch_config, head_dim)?;
+        let dense = match (family, config.intermediate_size) {
+            (Family::Qwen35Moe, _) => None,
+            (_, Some(inner)) => Some(GatedMlpSpec {
+                hidden: h,
+                inner,
+                bias: false,
+                activation,
+            }),
+            (_, None) => None,
+        };
+        let prefix = if loader.contains("model.language_model.embed_tokens.weight") {
+            "model.language_model."
+        } else {
+            "model."
+        };
+        let embed_tokens = Embedding::load(
+            loader,
+            &format!("{prefix}embed_tokens.weight"),
+            config.vocab_size,
+            h,
+        );
+        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+        let mut blocks = Vec::with_capacity(config.num_hidden_layers);
+        for i in 0..config.num_hidden_layers {
+            let name = |rest: &str| format!("{prefix}layers.{i}.{rest}");
+            let (mixer, kind) = if config.is_attention(arch_config, i)? {
+                let spec = ProjectedAttentionSpec {
+                    layer: i,
+                    hidden: h,
+                    heads,
+                    kv_heads,
+                    head_dim,
+                    qkv_bias: config.attention_bias,
+                    o_bias: config.attention_bias,
+                    qk_norm: Some(QkNorm {
+                        eps,
+                        unit_offset: true,
+                    }),
+                    output_gate: true,
+                };
+                let attention = ProjectedAttention::load(loader, &name("self_attn"), &spec);
+                (
+                    Mixer::Attention(Box::new(attention)),
+                    LayerSpec::attention(heads, kv_heads, head_dim),
+                )
+            } else {
+                let mixer =
+                    GatedDeltaNet::load(loader, &name("linear_attn"), (i, projections), delta);
+                let layer = LayerSpec {
+                    mixer: delta.kind(),
+                    has_mlp: true,
+                };
+                (Mixer::DeltaNet(Box::new(mixer)), layer)
+            };
+            let mlp = match (config.moe(family, i, activation), dense) {
+                (Some(moe), _) => {
+                    Mlp::Sparse(Box::new(SparseMoe::load(loader, &name("mlp"), &moe)))
+                }
+                (None, Some(dense)) => {
+                    Mlp::Dense(Box::new(GatedMlp::load(loader, &name("mlp"), &dense)))
+                }
+                (None, None) => {
+                    return Err(arch_config.unsupported(format!(
+                        "layer {i} has a dense MLP but the config has no intermediate_size"
+                    )));
+                }
+            };
+            layers.push(kind);
+            blocks.push(Block {
+                input_norm: RmsNorm::load_unit_offset(loader, &name("input_layernorm"), h, eps),
+                mixer,
+                post_attention_norm: RmsNorm::load_unit_offset(
+                    loader,
+                    &name("post_attention_layernorm"),
+                    h,
+                    eps,
+                ),
+                mlp,
+            });
+        }
+        let norm = RmsNorm::load_unit_offset(loader, &format!("{prefix}norm"), h, eps);
+        let tied = config.tie_word_embeddings || tied_at_top || !loader.contains("lm_head.weight");
+        let lm_head = Linear::head(loader, "lm_head", &embed_tokens, tied);
+        Ok(Hybrid {
+            layout: ModelLayout {
+                hidden: h,
+                vocab: config.vocab_size,
+                layers,
+            },
+            rotary: Rotary::new(rotary_dims, theta, RopeScaling::Default),
+            embed_tokens,
+            blocks,
+            norm,
+            lm_head,
+        })
+    }
+}
+
+impl CausalLm for Hybrid {
+    fn layout(&self) -> &ModelLayout {
+        &self.layout
+    }
+
+    fn forward(&self, call: &mut Call<'_>) -> Result<Tensor<3>> {
+        let embeddings = self.embed_tokens.forward(call.input_ids());
+        let mut hidden = call.visit(Site::TokenEmbeddings, embeddings)?;
+        // Computed by the first attention layer, shared by the others.
+        let rotary = OnceCell::new();
+        for (layer, block) in self.blocks.iter().enumerate() {
+            hidden = residual_block(
+                layer,
+                hidden,
+                call,
+                |hidden, call| {
+                    let x = block.input_norm.forward(hidden);
+                    match &block.mixer {
+                        Mixer::Attention(attention) => {
+                            let rotary =
+                                rotary.get_or_init(|| self.rotary.cos_sin(&call.position_ids()));
+                            attention.forward(x, rotary, call)
+                        }
+                        Mixer::DeltaNet(mixer) => mixer.forward(x, call),
+                    }
+                },
+                Some(|hidden| {
+                    let x = block.post_attention_norm.forward(hidden);
+                    match &block.mlp {
+                        Mlp::Dense(mlp) => Ok(mlp.forward(x)),
+                        Mlp::Sparse(moe) => moe.forward(x),
+                    }
+                }),
+            )?;
+        }
+        Ok(self.lm_head.forward(self.norm.forward(hidden)))
+    }
+}

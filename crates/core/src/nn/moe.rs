@@ -1,0 +1,169 @@
+//! The sparse mixture-of-experts block of Qwen-style decoders: a router picks the top `k`
+//! experts per token from a softmax over `E`, the chosen gated MLPs run on their tokens only,
+//! their outputs are summed with the router's weights, and an optional shared expert, scaled by
+//! `sigmoid(shared_expert_gate(x))`, is added.
+
+use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorData, activation};
+
+use super::{Activation, GatedMlp, GatedMlpSpec, Linear};
+use crate::error::{Error, Result};
+use crate::loading::WeightLoader;
+
+/// The sizes and routing of a mixture-of-experts block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MoeSpec {
+    /// Hidden size.
+    pub hidden: usize,
+    /// Experts (`E`).
+    pub experts: usize,
+    /// Experts per token (`k`).
+    pub top_k: usize,
+    /// Each expert's inner size.
+    pub inner: usize,
+    /// The shared expert's inner size, if the block has one.
+    pub shared_inner: Option<usize>,
+    /// Whether the top-`k` weights are renormalised to sum to one.
+    pub renormalise: bool,
+    /// The experts' activation.
+    pub activation: Activation,
+}
+
+/// A loaded mixture-of-experts block.
+#[derive(Debug, Clone)]
+pub struct SparseMoe {
+    spec: MoeSpec,
+    router: Linear,
+    experts: Vec<GatedMlp>,
+    shared: Option<(GatedMlp, Linear)>,
+}
+
+impl SparseMoe {
+    /// Loads `{name}.gate` (the router), the experts, and `{name}.shared_expert` with
+    /// `{name}.shared_expert_gate`. Experts are read per expert
+    /// (`{name}.experts.{e}.{gate,up,down}_proj.weight`) or fused
+    /// (`{name}.experts.gate_up_proj` `[E, 2I, H]`, gate rows first, and
+    /// `{name}.experts.down_proj` `[E, H, I]`), whichever the checkpoint stores.
+    pub fn load(loader: &mut WeightLoader<'_>, name: &str, spec: &MoeSpec) -> Self {
+        let MoeSpec {
+            hidden,
+            experts,
+            inner,
+            activation,
+            ..
+        } = *spec;
+        let fused = format!("{name}.experts.gate_up_proj");
+        let experts = if loader.contains(&fused) {
+            let gate_up: Tensor<3> = loader.tensor(&fused, [experts, 2 * inner, hidden]);
+            let down: Tensor<3> = loader.tensor(
+                &format!("{name}.experts.down_proj"),
+                [experts, hidden, inner],
+            );
+            (0..experts)
+                .map(|e| {
+                    let slice = |t: &Tensor<3>, rows: std::ops::Range<usize>, cols: usize| {
+                        t.clone()
+                            .slice_dim(0, e..e + 1)
+                            .slice_dim(1, rows.clone())
+                            .reshape([rows.len(), cols])
+                    };
+                    GatedMlp::from_out_in(
+                        [
+                            slice(&gate_up, 0..inner, hidden),
+                            slice(&gate_up, inner..2 * inner, hidden),
+                            slice(&down, 0..hidden, inner),
+                        ],
+                        activation,
+                    )
+                })
+                .collect()
+        } else {
+            let mlp = GatedMlpSpec {
+                hidden,
+                inner,
+                bias: false,
+                activation,
+            };
+            (0..experts)
+                .map(|e| GatedMlp::load(loader, &format!("{name}.experts.{e}"), &mlp))
+                .collect()
+        };
+        let shared = spec.shared_inner.map(|inner| {
+            let mlp = GatedMlpSpec {
+                hidden,
+                inner,
+                bias: false,
+                activation,
+            };
+            (
+                GatedMlp::load(loader, &format!("{name}.shared_expert"), &mlp),
+                Linear::load_torch(
+                    loader,
+                    &format!("{name}.shared_expert_gate"),
+                    hidden,
+                    1,
+                    false,
+                ),
+            )
+        });
+        SparseMoe {
+            router: Linear::load_torch(
+                loader,
+                &format!("{name}.gate"),
+                hidden,
+                spec.experts,
+                false,
+            ),
+            experts,
+            shared,
+            spec: *spec,
+        }
+    }
+
+    /// The block on `x` `[B, T, H]`: routed experts plus the gated shared expert.
+    pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>> {
+        let [batch, tokens, hidden] = x.dims();
+        let flat: Tensor<2> = x.reshape([batch * tokens, hidden]);
+        let probabilities = activation::softmax(self.router.forward(flat.clone()), 1)
+            .into_data()
+            .convert::<f32>()
+            .try_into_vec::<f32>()
+            .map_err(|e| Error::Backend(format!("{e:?}")))?;
+        let mut output = flat.zeros_like();
+        for (expert, (rows, weights)) in self.routes(&probabilities).into_iter().enumerate() {
+            if rows.is_empty() {
+                continue;
+            }
+            let device = flat.device();
+            let count = rows.len();
+            let rows: Tensor<1, Int> = Tensor::from_data(TensorData::new(rows, [count]), &device);
+            let weights: Tensor<2> =
+                Tensor::from_data(TensorData::new(weights, [count, 1]), &device);
+            let routed =
+                self.experts[expert].forward(flat.clone().select(0, rows.clone())) * weights;
+            output = output.select_assign(0, rows, routed, IndexingUpdateOp::Add);
+        }
+        if let Some((mlp, gate)) = &self.shared {
+            output = output + activation::sigmoid(gate.forward(flat.clone())) * mlp.forward(flat);
+        }
+        Ok(output.reshape([batch, tokens, hidden]))
+    }
+
+    /// Per expert, the rows routed to it and their weights: each row's top `k` probabilities
+    /// (ties to the lower expert index), renormalised if the block says so.
+    fn routes(&self, probabilities: &[f32]) -> Vec<(Vec<i64>, Vec<f32>)> {
+        let experts = self.spec.experts;
+        let mut routes = vec![(Vec::new(), Vec::new()); experts];
+        for (row, probs) in probabilities.chunks(experts).enumerate() {
+            let mut order: Vec<usize> = (0..experts).collect();
+            order.sort_by(|a, b| probs[*b].total_cmp(&probs[*a]).then(a.cmp(b)));
+            order.truncate(self.spec.top_k);
+            let total: f32 = order.iter().map(|e| probs[*e]).sum();
+            let scale = if self.spec.renormalise { total } else { 1.0 };
+            for expert in order {
+                routes[expert].0.push(row as i64);
+                routes[expert].1.push(probs[expert] / scale);
+            }
+        }
+        routes
+    }
+}
