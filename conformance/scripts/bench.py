@@ -108,6 +108,7 @@ def main():
     parser.add_argument("--skip-nnterp", action="store_true")
     parser.add_argument("--mamba-model", type=Path, help="also time Mamba prompt calls of growing length")
     parser.add_argument("--mamba2-model", type=Path, help="also time Mamba-2 prompt calls and decode")
+    parser.add_argument("--qwen3-next-model", type=Path, help="also time Qwen3-Next prompt calls and decode")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -120,6 +121,9 @@ def main():
     if args.mamba2_model:
         print_recurrent_scaling(args, args.mamba2_model, "Mamba-2", (16, 64, 256, 1024))
         print_recurrent_decode(args, args.mamba2_model, "Mamba-2")
+    if args.qwen3_next_model:
+        print_recurrent_scaling(args, args.qwen3_next_model, "Qwen3-Next", (64, 256, 1024))
+        print_recurrent_decode(args, args.qwen3_next_model, "Qwen3-Next")
 
 
 def print_gpt2_tables(args):
@@ -172,8 +176,8 @@ def print_gpt2_tables(args):
 
 
 def print_recurrent_scaling(args, model_dir, label, lengths):
-    """Prompt calls of growing length against transformers' pure-torch scan."""
-    print(f"\n{label} prompt call (transformers' pure-torch scan), ms")
+    """Prompt calls of growing length against transformers' pure-torch kernels."""
+    print(f"\n{label} prompt call (transformers' pure-torch kernels), ms")
     print("| prompt tokens | transformers | hookscope, no hooks | hookscope, every site saved | speed vs transformers | hookscope ms per token |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: |")
     model = AutoModelForCausalLM.from_pretrained(model_dir).eval()

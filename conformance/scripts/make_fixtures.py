@@ -600,6 +600,19 @@ def make_bench_mamba2(directory):
     Mamba2ForCausalLM(cfg).eval().save_pretrained(Path(directory), safe_serialization=True)
 
 
+def make_bench_qwen3_next(directory):
+    """A ~120M-parameter Qwen3-Next-shaped random model (768 hidden, 8 layers of which every
+    fourth is gated attention, 8 key / 16 value DeltaNet heads of 64, 8 experts of 256 with top 2
+    and a shared expert, 32000-token vocabulary) for prompt scaling and decode."""
+    torch.manual_seed(0)
+    cfg = Qwen3NextConfig(
+        hidden_size=768, num_hidden_layers=8, num_attention_heads=8, num_key_value_heads=2, head_dim=128,
+        linear_num_key_heads=8, linear_num_value_heads=16, linear_key_head_dim=64, linear_value_head_dim=64,
+        num_experts=8, num_experts_per_tok=2, moe_intermediate_size=256, shared_expert_intermediate_size=256,
+        intermediate_size=1024, vocab_size=32000, max_position_embeddings=4096)
+    Qwen3NextForCausalLM(cfg).eval().save_pretrained(Path(directory), safe_serialization=True)
+
+
 def make_bench_model(directory):
     torch.manual_seed(0)
     cfg = GPT2Config(n_embd=768, n_layer=12, n_head=12, vocab_size=50257, n_positions=1024)
@@ -622,16 +635,19 @@ def main():
     parser.add_argument("--bench-model", type=Path, help="write a GPT-2-small-shaped random model here")
     parser.add_argument("--bench-mamba", type=Path, help="write a Mamba-130m-shaped random model here")
     parser.add_argument("--bench-mamba2", type=Path, help="write a Mamba-2-130m-shaped random model here")
+    parser.add_argument("--bench-qwen3-next", type=Path, help="write a ~120M Qwen3-Next-shaped random model here")
     parser.add_argument("--only", nargs="+", choices=sorted(FAMILIES), help="make only these fixture families")
     args = parser.parse_args()
     torch.set_num_threads(min(4, os.cpu_count() or 1))
-    if args.bench_model or args.bench_mamba or args.bench_mamba2:
+    if args.bench_model or args.bench_mamba or args.bench_mamba2 or args.bench_qwen3_next:
         if args.bench_model:
             make_bench_model(args.bench_model)
         if args.bench_mamba:
             make_bench_mamba(args.bench_mamba)
         if args.bench_mamba2:
             make_bench_mamba2(args.bench_mamba2)
+        if args.bench_qwen3_next:
+            make_bench_qwen3_next(args.bench_qwen3_next)
         return
     families = args.only or sorted(FAMILIES)
     if "default" in families and args.gpt2_bpe is None:

@@ -11,8 +11,9 @@
 //! is carried. Linear in the prompt length. A decode step applies the rule once. Both leave the
 //! same state.
 
-use hookscope_core::burn::tensor::{Bool, Tensor};
+use hookscope_core::burn::tensor::{Bool, Tensor, TensorData};
 use hookscope_core::nn::pairwise_decay;
+use hookscope_core::{Error, Result};
 
 /// The chunk length of the prompt call.
 pub const CHUNK: usize = 64;
@@ -35,7 +36,7 @@ pub struct RuleInputs {
 /// The chunked rule from `initial` `[B, NV, DK, DV]`: outputs `[B, NV, T, DV]` and the state
 /// after the last token. Chunks hold [`CHUNK`] tokens, or all of them when there are fewer
 /// (the chunk length changes nothing but rounding).
-pub fn chunked(inputs: RuleInputs, initial: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
+pub fn chunked(inputs: RuleInputs, initial: Tensor<4>) -> Result<(Tensor<4>, Tensor<4>)> {
     let RuleInputs { q, k, v, beta, g } = inputs;
     let [batch, heads, tokens, _] = q.dims();
     let chunk = CHUNK.min(tokens).max(1);
@@ -71,7 +72,7 @@ pub fn chunked(inputs: RuleInputs, initial: Tensor<4>) -> (Tensor<4>, Tensor<4>)
         t.mask_fill(on_or_above, 0.0)
     };
     let lower = strictly_lower(k_beta.clone().matmul(k.clone().swap_dims(3, 4)) * decay.clone());
-    let solve = unit_lower_inverse(lower);
+    let solve = unit_lower_inverse(lower)?;
     let corrections = solve.clone().matmul(v_beta);
     let decayed_keys = solve.matmul(k_beta * cumulative.clone().exp().unsqueeze_dim::<5>(4));
     let within = q.clone().matmul(k.clone().swap_dims(3, 4)) * decay;
@@ -103,26 +104,43 @@ pub fn chunked(inputs: RuleInputs, initial: Tensor<4>) -> (Tensor<4>, Tensor<4>)
         state = state * decay + at(&k_to_end, n).swap_dims(2, 3).matmul(new_values);
     }
     let output = Tensor::cat(outputs, 2).slice_dim(2, 0..tokens);
-    (output, state)
+    Ok((output, state))
 }
 
 /// `(I + L)⁻¹` for strictly lower-triangular `L` `[..., C, C]`, by forward substitution one row
-/// at a time (row `i` of the inverse from the rows above it), as transformers computes it.
-fn unit_lower_inverse(lower: Tensor<5>) -> Tensor<5> {
-    let [batch, heads, chunks, size, _] = lower.dims();
-    let mut inverse = lower.neg();
-    for i in 1..size {
-        let row = inverse
-            .clone()
-            .slice([0..batch, 0..heads, 0..chunks, i..i + 1, 0..i]);
-        let above = inverse
-            .clone()
-            .slice([0..batch, 0..heads, 0..chunks, 0..i, 0..i]);
-        let updated = row.clone() + row.matmul(above);
-        inverse = inverse.slice_assign([0..batch, 0..heads, 0..chunks, i..i + 1, 0..i], updated);
+/// at a time (row `i` from the rows above it), as transformers' fallback computes it. The
+/// `C³/6` multiply-adds per matrix run as plain loops over the host copy: as tensor operations
+/// they would be `C` rounds of slicing and re-assembling the whole batch of matrices.
+fn unit_lower_inverse(lower: Tensor<5>) -> Result<Tensor<5>> {
+    let dims = lower.dims();
+    let size = dims[4];
+    let device = lower.device();
+    let mut values = lower
+        .into_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .map_err(|e| Error::Backend(format!("{e:?}")))?;
+    for matrix in values.chunks_mut(size * size) {
+        // A = -L; then row i becomes A[i] + A[i] @ X[:i] over the finished rows above it.
+        for value in matrix.iter_mut() {
+            *value = -*value;
+        }
+        for i in 1..size {
+            let (above, rest) = matrix.split_at_mut(i * size);
+            let row = &mut rest[..size];
+            let original: Vec<f32> = row[..i].to_vec();
+            for (k, a_ik) in original.iter().enumerate().skip(1) {
+                let finished = &above[k * size..k * size + k];
+                for (value, x_kj) in row[..k].iter_mut().zip(finished) {
+                    *value += a_ik * x_kj;
+                }
+            }
+        }
+        for i in 0..size {
+            matrix[i * size + i] = 1.0;
+        }
     }
-    let identity: Tensor<2> = Tensor::eye(size, &inverse.device());
-    inverse + identity.unsqueeze::<5>()
+    Ok(Tensor::from_data(TensorData::new(values, dims), &device))
 }
 
 /// One token's update of `state` `[B, NV, DK, DV]` (inputs with `T = 1`; `q` is not read).
@@ -144,7 +162,7 @@ pub fn read_out(state: &Tensor<4>, q: &Tensor<4>) -> Tensor<4> {
 
 #[cfg(test)]
 mod tests {
-    use hookscope_core::burn::tensor::{Device, TensorData};
+    use hookscope_core::burn::tensor::Device;
 
     use super::*;
 
@@ -195,7 +213,7 @@ mod tests {
             .try_to_vec::<f32>()
             .unwrap();
         let stepped_state = state.into_data().try_to_vec::<f32>().unwrap();
-        let (output, state) = chunked(inputs, initial);
+        let (output, state) = chunked(inputs, initial).unwrap();
         let output = output.into_data().try_to_vec::<f32>().unwrap();
         let state = state.into_data().try_to_vec::<f32>().unwrap();
         for (a, b) in output

@@ -175,10 +175,10 @@ impl GatedDeltaNet {
         let a = self.in_proj_a.forward(x);
 
         let carried = call.state::<RecurrentState<4>>(self.layer)?;
-        let (conv_out, window) = self.conv.forward(qkv.swap_dims(1, 2), carried.conv.take());
+        let (conv_out, window) = self.conv.forward(qkv, carried.conv.take());
         carried.conv = Some(window);
         let previous = carried.state.take();
-        let qkv = spec.activation.forward(conv_out).swap_dims(1, 2);
+        let qkv = spec.activation.forward(conv_out);
         let key_dim = spec.key_dim();
         // [B, T, NK * DK] → [B, NV, T, DK]: value head h reads key head h / (NV / NK).
         let expanded = |t: Tensor<3>| -> Tensor<4> {
@@ -226,14 +226,17 @@ impl GatedDeltaNet {
             )?;
             (delta_rule::read_out(&state, &inputs.q), state)
         } else {
-            let (output, state) = delta_rule::chunked(inputs, initial);
+            let (output, state) = delta_rule::chunked(inputs, initial)?;
             (output, call.visit(site(MixerSite::StateOutput), state)?)
         };
         call.state::<RecurrentState<4>>(self.layer)?.state = Some(state);
-        let output = call.visit(
-            site(MixerSite::AttentionHeadOutputs),
-            output.swap_dims(1, 2),
-        )?;
+        // [B, NV, T, DV] → [B, T, NV, DV], laid out anew (the reshape through `NV * DV` copies)
+        // so that the norm and gate below run on contiguous memory.
+        let output = output
+            .swap_dims(1, 2)
+            .reshape([batch, tokens, spec.value_dim()])
+            .reshape([batch, tokens, heads, dv]);
+        let output = call.visit(site(MixerSite::AttentionHeadOutputs), output)?;
         let gated = self.norm.forward(output) * activation::silu(z);
         Ok(self
             .out_proj

@@ -211,10 +211,10 @@ impl Mamba {
         let xs = projected.clone().slice_dim(2, 0..e);
         let gate = projected.slice_dim(2, e..2 * e);
         let carried = call.state::<RecurrentState<3>>(layer)?;
-        let (conv_out, window) = mixer.conv.forward(xs.swap_dims(1, 2), carried.conv.take());
+        let (conv_out, window) = mixer.conv.forward(xs, carried.conv.take());
         carried.conv = Some(window);
         let initial = carried.state.take();
-        let xs = self.activation.forward(conv_out).swap_dims(1, 2) * real;
+        let xs = self.activation.forward(conv_out) * real;
         let params = mixer.x_proj.forward(xs.clone());
         let dt = params.clone().slice_dim(2, 0..rank);
         let b = params.clone().slice_dim(2, rank..rank + n);

@@ -163,10 +163,10 @@ impl Mamba2Mixer {
         let dt = projected.slice_dim(2, inner + channels..inner + channels + heads);
 
         let carried = call.state::<RecurrentState<4>>(self.layer)?;
-        let (conv_out, window) = self.conv.forward(xbc.swap_dims(1, 2), carried.conv.take());
+        let (conv_out, window) = self.conv.forward(xbc, carried.conv.take());
         carried.conv = Some(window);
         let previous = carried.state.take();
-        let xbc = spec.activation.forward(conv_out).swap_dims(1, 2) * real;
+        let xbc = spec.activation.forward(conv_out) * real;
         let xs = xbc
             .clone()
             .slice_dim(2, 0..inner)

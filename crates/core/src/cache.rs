@@ -36,7 +36,7 @@ impl KvCache {
 /// Both are absent before the first call.
 #[derive(Debug, Clone, Default)]
 pub struct RecurrentState<const R: usize> {
-    /// The last inputs of the causal convolution, `[B, channels, kernel]`.
+    /// The last inputs of the causal convolution, `[B, kernel, channels]`.
     pub conv: Option<Tensor<3>>,
     /// The recurrent state after the last call.
     pub state: Option<Tensor<R>>,

@@ -1,24 +1,27 @@
 //! Causal depthwise 1-D convolution with a carried window, as recurrent mixers (Mamba,
 //! Mamba-2, Gated DeltaNet) use before their scan.
+//!
+//! It works time-major (`[B, T, channels]`, the layout of the projections around it): the
+//! output is `kernel` shifted multiply-adds of contiguous slices, with no transposition and no
+//! general convolution routine.
 
 use burn::tensor::Tensor;
-use burn::tensor::module::conv1d;
-use burn::tensor::ops::ConvOptions;
 
 use crate::loading::WeightLoader;
 
 /// A per-channel convolution over the last `kernel` positions.
 #[derive(Debug, Clone)]
 pub struct CausalConv1d {
-    /// `[channels, 1, kernel]`.
-    weight: Tensor<3>,
+    /// `[kernel, channels]`: row `j` multiplies the input `kernel - 1 - j` positions back.
+    taps: Tensor<2>,
     bias: Option<Tensor<1>>,
     channels: usize,
     kernel: usize,
 }
 
 impl CausalConv1d {
-    /// Loads a torch `nn.Conv1d(channels, channels, kernel, groups=channels)` named `name`.
+    /// Loads a torch `nn.Conv1d(channels, channels, kernel, groups=channels)` named `name`
+    /// (weight `[channels, 1, kernel]`).
     pub fn load(
         loader: &mut WeightLoader<'_>,
         name: &str,
@@ -26,27 +29,41 @@ impl CausalConv1d {
         kernel: usize,
         bias: bool,
     ) -> Self {
+        let weight: Tensor<3> = loader.tensor(&format!("{name}.weight"), [channels, 1, kernel]);
         CausalConv1d {
-            weight: loader.tensor(&format!("{name}.weight"), [channels, 1, kernel]),
+            taps: weight.reshape([channels, kernel]).transpose(),
             bias: bias.then(|| loader.tensor(&format!("{name}.bias"), [channels])),
             channels,
             kernel,
         }
     }
 
-    /// Convolves `x` `[B, channels, T]`, continuing from `window` (the last `kernel` inputs of
-    /// the previous call, `[B, channels, kernel]`; zeros when absent). Returns the output
-    /// `[B, channels, T]` and the new window.
+    /// Convolves `x` `[B, T, channels]`, continuing from `window` (the last `kernel` inputs of
+    /// the previous call, `[B, kernel, channels]`; zeros when absent). Returns the output
+    /// `[B, T, channels]` and the new window.
     pub fn forward(&self, x: Tensor<3>, window: Option<Tensor<3>>) -> (Tensor<3>, Tensor<3>) {
-        let [batch, channels, tokens] = x.dims();
+        let [batch, tokens, channels] = x.dims();
+        let kernel = self.kernel;
         let window =
-            window.unwrap_or_else(|| Tensor::zeros([batch, channels, self.kernel], &x.device()));
-        let extended = Tensor::cat(vec![window, x], 2);
-        let total = self.kernel + tokens;
-        let new_window = extended.clone().slice_dim(2, total - self.kernel..total);
-        let options = ConvOptions::new([1], [0], [1], self.channels);
-        let input = extended.slice_dim(2, 1..total);
-        let output = conv1d(input, self.weight.clone(), self.bias.clone(), options);
+            window.unwrap_or_else(|| Tensor::zeros([batch, kernel, channels], &x.device()));
+        let extended = Tensor::cat(vec![window, x], 1);
+        let total = kernel + tokens;
+        let new_window = extended.clone().slice_dim(1, total - kernel..total);
+        // Output t reads the `kernel` inputs ending at x_t: extended positions t+1 ..= t+kernel.
+        let tap = |j: usize| {
+            self.taps
+                .clone()
+                .slice_dim(0, j..j + 1)
+                .reshape([1, 1, self.channels])
+        };
+        let mut output = extended.clone().slice_dim(1, 1..1 + tokens) * tap(0);
+        for j in 1..kernel {
+            output = output + extended.clone().slice_dim(1, 1 + j..1 + j + tokens) * tap(j);
+        }
+        let output = match &self.bias {
+            Some(bias) => output + bias.clone().reshape([1, 1, self.channels]),
+            None => output,
+        };
         (output, new_window)
     }
 }
