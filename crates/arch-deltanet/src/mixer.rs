@@ -11,7 +11,7 @@
 
 use hookscope_core::burn::tensor::{Tensor, activation};
 use hookscope_core::cache::RecurrentState;
-use hookscope_core::nn::{Activation, CausalConv1d, Linear, RmsNorm};
+use hookscope_core::nn::{Activation, CausalConv1d, Linear, Mixer, RmsNorm};
 use hookscope_core::schema::{LayerSite, MixerKind, MixerNamespace};
 use hookscope_core::{ArchConfig, Call, MixerSite, Result, Site, WeightLoader};
 
@@ -158,9 +158,11 @@ impl GatedDeltaNet {
             spec,
         }
     }
+}
 
+impl Mixer for GatedDeltaNet {
     /// The mixer on normalised `x` `[B, T, H]`, serving its sites; returns `[B, T, H]`.
-    pub fn forward(&self, x: Tensor<3>, call: &mut Call<'_>) -> Result<Tensor<3>> {
+    fn mix(&self, x: Tensor<3>, call: &mut Call<'_>) -> Result<Tensor<3>> {
         let [batch, tokens, _] = x.dims();
         let spec = &self.spec;
         let (heads, dk, dv) = (spec.value_heads, spec.key_head_dim, spec.value_head_dim);

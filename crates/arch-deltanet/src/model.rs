@@ -17,15 +17,14 @@
 //! `*ForConditionalGeneration` checkpoint, the language model is loaded (`text_config`,
 //! weights under `model.language_model.`) and the vision tower is ignored, with a note.
 
-use std::cell::OnceCell;
-
 use hookscope_core::burn::tensor::Tensor;
 use hookscope_core::nn::{
-    Activation, Embedding, GatedMlp, GatedMlpSpec, Linear, MoeSpec, ProjectedAttention,
-    ProjectedAttentionSpec, QkNorm, RmsNorm, RopeScaling, Rotary, SparseMoe, residual_block,
+    Activation, DecoderLayer, Embedding, FeedForward, GatedMlp, GatedMlpSpec, HybridDecoder,
+    LayerMixer, Linear, MoeSpec, ProjectedAttention, ProjectedAttentionSpec, QkNorm, RmsNorm,
+    RopeScaling, Rotary, SparseMoe,
 };
 use hookscope_core::schema::LayerSpec;
-use hookscope_core::{ArchConfig, Call, CausalLm, ModelLayout, Result, Site, WeightLoader};
+use hookscope_core::{ArchConfig, Call, CausalLm, ModelLayout, Result, WeightLoader};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -222,31 +221,25 @@ impl HybridConfig {
     }
 }
 
-enum Mixer {
-    Attention(Box<ProjectedAttention>),
-    DeltaNet(Box<GatedDeltaNet>),
-}
-
+/// A layer's feed-forward part: a dense gated MLP or a mixture of experts.
 enum Mlp {
     Dense(Box<GatedMlp>),
     Sparse(Box<SparseMoe>),
 }
 
-struct Block {
-    input_norm: RmsNorm,
-    mixer: Mixer,
-    post_attention_norm: RmsNorm,
-    mlp: Mlp,
+impl FeedForward for Mlp {
+    fn feed_forward(&self, x: Tensor<3>) -> Result<Tensor<3>> {
+        match self {
+            Mlp::Dense(mlp) => mlp.feed_forward(x),
+            Mlp::Sparse(moe) => moe.feed_forward(x),
+        }
+    }
 }
 
 /// A loaded Gated DeltaNet hybrid.
 pub struct Hybrid {
     layout: ModelLayout,
-    rotary: Rotary,
-    embed_tokens: Embedding,
-    blocks: Vec<Block>,
-    norm: RmsNorm,
-    lm_head: Linear,
+    decoder: HybridDecoder<GatedDeltaNet, Mlp>,
 }
 
 impl Hybrid {
@@ -351,7 +344,7 @@ impl Hybrid {
                 };
                 let attention = ProjectedAttention::load(loader, &name("self_attn"), &spec);
                 (
-                    Mixer::Attention(Box::new(attention)),
+                    LayerMixer::Attention(Box::new(attention)),
                     LayerSpec::attention(heads, kv_heads, head_dim),
                 )
             } else {
@@ -361,7 +354,7 @@ impl Hybrid {
                     mixer: delta.kind(),
                     has_mlp: true,
                 };
-                (Mixer::DeltaNet(Box::new(mixer)), layer)
+                (LayerMixer::Other(Box::new(mixer)), layer)
             };
             let mlp = match (config.moe(family, i, activation), dense) {
                 (Some(moe), _) => {
@@ -377,16 +370,16 @@ impl Hybrid {
                 }
             };
             layers.push(kind);
-            blocks.push(Block {
+            blocks.push(DecoderLayer {
                 input_norm: RmsNorm::load_unit_offset(loader, &name("input_layernorm"), h, eps),
                 mixer,
-                post_attention_norm: RmsNorm::load_unit_offset(
+                post_norm: RmsNorm::load_unit_offset(
                     loader,
                     &name("post_attention_layernorm"),
                     h,
                     eps,
                 ),
-                mlp,
+                feed_forward: mlp,
             });
         }
         let norm = RmsNorm::load_unit_offset(loader, &format!("{prefix}norm"), h, eps);
@@ -398,11 +391,13 @@ impl Hybrid {
                 vocab: config.vocab_size,
                 layers,
             },
-            rotary: Rotary::new(rotary_dims, theta, RopeScaling::Default),
-            embed_tokens,
-            blocks,
-            norm,
-            lm_head,
+            decoder: HybridDecoder {
+                embed_tokens,
+                rotary: Rotary::new(rotary_dims, theta, RopeScaling::Default),
+                layers: blocks,
+                norm,
+                lm_head,
+            },
         })
     }
 }
@@ -413,35 +408,6 @@ impl CausalLm for Hybrid {
     }
 
     fn forward(&self, call: &mut Call<'_>) -> Result<Tensor<3>> {
-        let embeddings = self.embed_tokens.forward(call.input_ids());
-        let mut hidden = call.visit(Site::TokenEmbeddings, embeddings)?;
-        // Computed by the first attention layer, shared by the others.
-        let rotary = OnceCell::new();
-        for (layer, block) in self.blocks.iter().enumerate() {
-            hidden = residual_block(
-                layer,
-                hidden,
-                call,
-                |hidden, call| {
-                    let x = block.input_norm.forward(hidden);
-                    match &block.mixer {
-                        Mixer::Attention(attention) => {
-                            let rotary =
-                                rotary.get_or_init(|| self.rotary.cos_sin(&call.position_ids()));
-                            attention.forward(x, rotary, call)
-                        }
-                        Mixer::DeltaNet(mixer) => mixer.forward(x, call),
-                    }
-                },
-                Some(|hidden| {
-                    let x = block.post_attention_norm.forward(hidden);
-                    match &block.mlp {
-                        Mlp::Dense(mlp) => Ok(mlp.forward(x)),
-                        Mlp::Sparse(moe) => moe.forward(x),
-                    }
-                }),
-            )?;
-        }
-        Ok(self.lm_head.forward(self.norm.forward(hidden)))
+        self.decoder.forward(call)
     }
 }

@@ -7,16 +7,14 @@
 //! layer `mlp_output`; each kind carries its own state (a key/value cache, or a convolution
 //! window and SSM state) in the one model cache.
 
-use std::cell::OnceCell;
-
 use hookscope_core::burn::tensor::Tensor;
 use hookscope_core::loading::ConfigFloat;
 use hookscope_core::nn::{
-    Activation, Embedding, GatedMlp, GatedMlpSpec, Linear, ProjectedAttention,
-    ProjectedAttentionSpec, RmsNorm, RopeScaling, Rotary, residual_block,
+    Activation, DecoderLayer, Embedding, GatedMlp, GatedMlpSpec, HybridDecoder, LayerMixer, Linear,
+    ProjectedAttention, ProjectedAttentionSpec, RmsNorm, RopeScaling, Rotary,
 };
 use hookscope_core::schema::LayerSpec;
-use hookscope_core::{ArchConfig, Call, CausalLm, ModelLayout, Result, Site, WeightLoader};
+use hookscope_core::{ArchConfig, Call, CausalLm, ModelLayout, Result, WeightLoader};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -162,26 +160,10 @@ impl BambaConfig {
     }
 }
 
-enum Mixer {
-    Attention(Box<ProjectedAttention>),
-    Mamba(Box<Mamba2Mixer>),
-}
-
-struct Block {
-    input_norm: RmsNorm,
-    mixer: Mixer,
-    pre_ff_norm: RmsNorm,
-    feed_forward: GatedMlp,
-}
-
 /// A loaded Bamba.
 pub struct Bamba {
     layout: ModelLayout,
-    rotary: Rotary,
-    embed_tokens: Embedding,
-    blocks: Vec<Block>,
-    final_norm: RmsNorm,
-    lm_head: Linear,
+    decoder: HybridDecoder<Mamba2Mixer, GatedMlp>,
 }
 
 impl Bamba {
@@ -253,20 +235,20 @@ impl Bamba {
                     };
                     let attention = ProjectedAttention::load(loader, &name("self_attn"), &spec);
                     let layer = LayerSpec::attention(heads, kv_heads, head_dim);
-                    (Mixer::Attention(Box::new(attention)), layer)
+                    (LayerMixer::Attention(Box::new(attention)), layer)
                 } else {
                     let mixer = Mamba2Mixer::load(loader, &name("mamba"), i, mamba);
                     let layer = LayerSpec {
                         mixer: mamba.kind(),
                         has_mlp: true,
                     };
-                    (Mixer::Mamba(Box::new(mixer)), layer)
+                    (LayerMixer::Other(Box::new(mixer)), layer)
                 };
                 layers.push(kind);
-                Block {
+                DecoderLayer {
                     input_norm: RmsNorm::load(loader, &name("input_layernorm"), h, eps),
                     mixer,
-                    pre_ff_norm: RmsNorm::load(loader, &name("pre_ff_layernorm"), h, eps),
+                    post_norm: RmsNorm::load(loader, &name("pre_ff_layernorm"), h, eps),
                     feed_forward: GatedMlp::load(loader, &name("feed_forward"), &mlp),
                 }
             })
@@ -280,15 +262,17 @@ impl Bamba {
                 vocab: config.vocab_size,
                 layers,
             },
-            rotary: Rotary::new(
-                rotary_dims,
-                config.rope_theta(arch_config)?,
-                RopeScaling::Default,
-            ),
-            embed_tokens,
-            blocks,
-            final_norm,
-            lm_head,
+            decoder: HybridDecoder {
+                embed_tokens,
+                rotary: Rotary::new(
+                    rotary_dims,
+                    config.rope_theta(arch_config)?,
+                    RopeScaling::Default,
+                ),
+                layers: blocks,
+                norm: final_norm,
+                lm_head,
+            },
         })
     }
 }
@@ -299,33 +283,6 @@ impl CausalLm for Bamba {
     }
 
     fn forward(&self, call: &mut Call<'_>) -> Result<Tensor<3>> {
-        let embeddings = self.embed_tokens.forward(call.input_ids());
-        let mut hidden = call.visit(Site::TokenEmbeddings, embeddings)?;
-        // Computed by the first attention layer, shared by the others.
-        let rotary = OnceCell::new();
-        for (layer, block) in self.blocks.iter().enumerate() {
-            hidden = residual_block(
-                layer,
-                hidden,
-                call,
-                |hidden, call| {
-                    let x = block.input_norm.forward(hidden);
-                    match &block.mixer {
-                        Mixer::Attention(attention) => {
-                            let rotary =
-                                rotary.get_or_init(|| self.rotary.cos_sin(&call.position_ids()));
-                            attention.forward(x, rotary, call)
-                        }
-                        Mixer::Mamba(mixer) => mixer.forward(x, call),
-                    }
-                },
-                Some(|hidden| {
-                    Ok(block
-                        .feed_forward
-                        .forward(block.pre_ff_norm.forward(hidden)))
-                }),
-            )?;
-        }
-        Ok(self.lm_head.forward(self.final_norm.forward(hidden)))
+        self.decoder.forward(call)
     }
 }

@@ -4,7 +4,7 @@
 
 use hookscope_core::burn::tensor::Tensor;
 use hookscope_core::loading::ConfigFloat;
-use hookscope_core::nn::{Activation, Embedding, Linear, RmsNorm, residual_block};
+use hookscope_core::nn::{Activation, Embedding, Linear, Mixer, RmsNorm, residual_block};
 use hookscope_core::schema::LayerSpec;
 use hookscope_core::{ArchConfig, Call, CausalLm, ModelLayout, Result, Site, WeightLoader};
 use serde::Deserialize;
@@ -170,7 +170,7 @@ impl CausalLm for Mamba2 {
                 layer,
                 hidden,
                 call,
-                |hidden, call| block.mixer.forward(block.norm.forward(hidden), call),
+                |hidden, call| block.mixer.mix(block.norm.forward(hidden), call),
                 None::<fn(Tensor<3>) -> Result<Tensor<3>>>,
             )?;
         }

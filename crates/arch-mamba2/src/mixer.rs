@@ -10,7 +10,7 @@
 
 use hookscope_core::burn::tensor::{Tensor, activation};
 use hookscope_core::cache::RecurrentState;
-use hookscope_core::nn::{Activation, CausalConv1d, GatedRmsNorm, Linear};
+use hookscope_core::nn::{Activation, CausalConv1d, GatedRmsNorm, Linear, Mixer};
 use hookscope_core::schema::MixerKind;
 use hookscope_core::{ArchConfig, Call, MixerSite, Result, Site, WeightLoader};
 
@@ -148,9 +148,11 @@ impl Mamba2Mixer {
             spec,
         }
     }
+}
 
+impl Mixer for Mamba2Mixer {
     /// The mixer on normalised `x` `[B, T, H]`, serving its sites; returns `[B, T, H]`.
-    pub fn forward(&self, x: Tensor<3>, call: &mut Call<'_>) -> Result<Tensor<3>> {
+    fn mix(&self, x: Tensor<3>, call: &mut Call<'_>) -> Result<Tensor<3>> {
         let [batch, tokens, _] = x.dims();
         let spec = &self.spec;
         let (inner, heads, head_dim) = (spec.inner(), spec.heads, spec.head_dim);

@@ -5,6 +5,7 @@ mod attention;
 mod block;
 mod conv;
 mod decay;
+mod decoder;
 mod embedding;
 mod linear;
 mod matvec;
@@ -18,6 +19,7 @@ pub use attention::{ProjectedAttention, ProjectedAttentionSpec, QkNorm, SoftmaxA
 pub use block::{parallel_residual_block, residual_block};
 pub use conv::CausalConv1d;
 pub use decay::{decay_matrix, pairwise_decay};
+pub use decoder::{DecoderLayer, FeedForward, HybridDecoder, LayerMixer, Mixer};
 pub use embedding::Embedding;
 pub use linear::Linear;
 pub use mlp::{GatedMlp, GatedMlpSpec};
