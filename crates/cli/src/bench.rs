@@ -90,7 +90,12 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     let vocab = model.layout().vocab as u64;
     // A fixed linear-congruential sequence: the same prompt on every run and machine.
     let prompt: Vec<u32> = (0..args.prompt_len as u64)
-        .map(|i| ((i * 6_364_136_223_846_793_005 + 1_442_695_040_888_963_407) >> 33) % vocab)
+        .map(|i| {
+            let mixed = i
+                .wrapping_mul(6_364_136_223_846_793_005)
+                .wrapping_add(1_442_695_040_888_963_407);
+            (mixed >> 33) % vocab.max(1)
+        })
         .map(|id| id as u32)
         .collect();
     let batch = model.batch(vec![prompt])?;

@@ -130,6 +130,19 @@ pub fn run(args: &RunArgs) -> Result<()> {
         let config = args
             .generation
             .config(model.generation_config(), max_new_tokens);
+        let sampling_options = [
+            ("--temperature", args.generation.temperature.is_some()),
+            ("--top-k", args.generation.top_k.is_some()),
+            ("--top-p", args.generation.top_p.is_some()),
+        ];
+        if let (Decoding::Greedy, Some((option, _))) = (
+            &config.decoding,
+            sampling_options.iter().find(|(_, given)| *given),
+        ) {
+            return Err(Error::InvalidInput(format!(
+                "{option} applies only when sampling, and this run decodes greedily: add --sample"
+            )));
+        }
         let generation = model.generate(&batch, &interventions, &config)?;
         if let Some(path) = &args.out {
             let ids = (&generation.output_ids, &generation.attention_mask);

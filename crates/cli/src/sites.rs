@@ -29,6 +29,13 @@ pub fn sites(args: &SitesArgs) -> hookscope::Result<()> {
         print!("{}", hookscope::schema::markdown());
         return Ok(());
     }
+    let step = args.step.max(1);
+    if args.prompt_len.checked_add(step).is_none() {
+        return Err(hookscope::Error::InvalidInput(format!(
+            "--prompt-len {} plus --step {step} overflows",
+            args.prompt_len
+        )));
+    }
     let model = args.model.load()?;
     let layout = model.layout();
     let prompt = CallDims::at_step(args.batch, args.prompt_len, 0);

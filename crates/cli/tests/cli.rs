@@ -284,3 +284,57 @@ fn every_help_explains_model_and_steps() {
         }
     }
 }
+
+/// Bad input found by trying the CLI as a new user would: each is a clear error naming the
+/// option or site at fault, or now works, never a panic or a silently ignored request.
+#[test]
+fn bad_numbers_and_requests_that_would_do_nothing_are_refused() {
+    let failure = |args: &[&str], needle: &str| {
+        let output = hookscope(args);
+        assert!(!output.status.success(), "{args:?} succeeded");
+        let message = stderr(&output);
+        assert!(message.contains(needle), "{args:?}: {message}");
+        assert!(!message.contains("panicked"), "{args:?}: {message}");
+    };
+    let run = ["run", "--prompt", "Hello world"];
+    failure(
+        &[&run[..], &["--max-new-tokens", "3", "--save", "logits@99"]].concat(),
+        "`logits@99` never runs: this run has 3 step(s), 0..=2",
+    );
+    failure(
+        &[&run[..], &["--max-new-tokens", "18446744073709551615"]].concat(),
+        "too large",
+    );
+    failure(
+        &[
+            &run[..],
+            &["--max-new-tokens", "2", "--greedy", "--top-k", "5"],
+        ]
+        .concat(),
+        "--top-k applies only when sampling",
+    );
+    failure(
+        &[
+            "sites",
+            "--prompt-len",
+            "18446744073709551615",
+            "--step",
+            "3",
+        ],
+        "overflows",
+    );
+}
+
+#[test]
+fn bench_runs_in_a_debug_build() {
+    let bench = hookscope(&[
+        "bench",
+        "--prompt-len",
+        "6",
+        "--iters",
+        "1",
+        "--warmup",
+        "0",
+    ]);
+    assert!(bench.status.success(), "{}", stderr(&bench));
+}

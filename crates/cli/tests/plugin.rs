@@ -11,7 +11,8 @@ fn hookscope(args: &[&str]) -> Output {
         .expect("the hookscope binary runs")
 }
 
-/// The example plugin, built beside the `hookscope` binary under test (built here if absent).
+/// The example plugin, built beside the `hookscope` binary under test (brought up to date here:
+/// a plugin left from another build of hookscope-core is refused, as it should be).
 fn example_plugin() -> PathBuf {
     let binary = PathBuf::from(env!("CARGO_BIN_EXE_hookscope"));
     let dir = binary.parent().expect("the binary has a folder");
@@ -20,16 +21,14 @@ fn example_plugin() -> PathBuf {
         std::env::consts::DLL_PREFIX,
         std::env::consts::DLL_SUFFIX
     ));
-    if !library.exists() {
-        let profile = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug");
-        let mut cargo = Command::new(env!("CARGO"));
-        cargo.args(["build", "-p", "hookscope-plugin-gptneox"]);
-        if profile == "release" {
-            cargo.arg("--release");
-        }
-        let status = cargo.status().expect("cargo runs");
-        assert!(status.success(), "building the example plugin failed");
+    let profile = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug");
+    let mut cargo = Command::new(env!("CARGO"));
+    cargo.args(["build", "-p", "hookscope-plugin-gptneox"]);
+    if profile == "release" {
+        cargo.arg("--release");
     }
+    let status = cargo.status().expect("cargo runs");
+    assert!(status.success(), "building the example plugin failed");
     library
 }
 

@@ -40,6 +40,19 @@ pub enum Error {
     /// A glob pattern that matched no site.
     #[error("pattern `{0}` matches no site of this model (try `hookscope sites`)")]
     PatternMatchesNothing(String),
+    /// A request whose steps all lie beyond the run.
+    #[error(
+        "`{site}@{steps}` never runs: this run has {run_steps} step(s), 0..={last} (raise --max-new-tokens or name an earlier step)",
+        last = .run_steps.saturating_sub(1)
+    )]
+    StepsBeyondRun {
+        /// The site requested.
+        site: String,
+        /// The steps requested.
+        steps: String,
+        /// Steps the run makes.
+        run_steps: usize,
+    },
     /// A steps specification that does not parse.
     #[error("invalid steps `{0}`: expected `K`, `A:B` (end exclusive) or `all`")]
     InvalidSteps(String),

@@ -69,7 +69,26 @@ impl Model {
         let vocab = self.layout().vocab;
         batch.validate(vocab)?;
         let prompt_len = batch.len();
-        self.check_length(prompt_len + config.max_new_tokens.saturating_sub(1))?;
+        let longest = prompt_len
+            .checked_add(config.max_new_tokens.saturating_sub(1))
+            .ok_or_else(|| {
+                Error::InvalidInput(format!(
+                    "max_new_tokens {} is too large",
+                    config.max_new_tokens
+                ))
+            })?;
+        self.check_length(longest)?;
+        if let Some(request) = interventions
+            .requests()
+            .iter()
+            .find(|request| request.steps.first() >= config.max_new_tokens)
+        {
+            return Err(Error::StepsBeyondRun {
+                site: request.site.to_string(),
+                steps: request.steps.to_string(),
+                run_steps: config.max_new_tokens,
+            });
+        }
         let mut ids = batch.ids.clone();
         let mut mask = batch.mask.clone();
         let mut ended = vec![false; batch.batch_size()];

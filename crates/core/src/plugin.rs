@@ -5,8 +5,8 @@
 //! return value of an exported function instead. Rust types cross the boundary only between
 //! identical builds, so the host first reads the plugin's ABI fingerprint through a C-ABI symbol
 //! and refuses the plugin, before calling anything else in it, unless it equals its own: same
-//! hookscope-core version, schema version, adapter interface version, rustc, target and burn
-//! backend features. The registry owns what a plugin adds ([`crate::registry::add`]). A loaded
+//! hookscope-core version and a hash of its source, schema version, adapter interface version,
+//! rustc, target and burn backend features. The registry owns what a plugin adds ([`crate::registry::add`]). A loaded
 //! plugin is never unloaded (its code and vtables outlive every model it built).
 
 use std::ffi::{CStr, c_char};
@@ -36,9 +36,10 @@ pub const ARCHITECTURE_SYMBOL: &[u8] = b"hookscope_plugin_architecture\0";
 /// What a plugin and its host must share, one `key=value` field per `;`.
 pub fn abi_fingerprint() -> String {
     format!(
-        "hookscope-core={}; schema={SCHEMA_VERSION}; adapter={ADAPTER_VERSION}; rustc={}; \
-         target={}; backend={BACKEND}",
+        "hookscope-core={}; source={}; schema={SCHEMA_VERSION}; adapter={ADAPTER_VERSION}; \
+         rustc={}; target={}; backend={BACKEND}",
         env!("CARGO_PKG_VERSION"),
+        env!("HOOKSCOPE_CORE_SOURCE"),
         env!("HOOKSCOPE_RUSTC_VERSION"),
         env!("HOOKSCOPE_TARGET"),
     )

@@ -37,6 +37,15 @@ impl Steps {
         }
     }
 
+    /// The first step the request applies at.
+    pub fn first(&self) -> usize {
+        match self {
+            Steps::At(step) => *step,
+            Steps::Range(range) => range.start,
+            Steps::All => 0,
+        }
+    }
+
     /// Parses `K`, `A:B` (end exclusive; either bound may be omitted) or `all`.
     pub fn parse(text: &str) -> Result<Steps> {
         let invalid = || Error::InvalidSteps(text.to_string());

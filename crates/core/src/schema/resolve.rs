@@ -43,7 +43,9 @@ impl ModelLayout {
         if !pattern.contains(['*', '?']) {
             return self.resolve(pattern).map(|site| vec![site]);
         }
-        let matcher = wildmatch::WildMatch::new(pattern);
+        // `mixer` is an alias of `self_attn` in patterns too (canonical names say `self_attn`).
+        let canonical = pattern.replace(".mixer.", ".self_attn.");
+        let matcher = wildmatch::WildMatch::new(&canonical);
         let sites: Vec<Site> = self
             .call_order()
             .into_iter()
@@ -72,6 +74,14 @@ impl ModelLayout {
 mod tests {
     use super::super::layout::tests::gpt2_like;
     use super::*;
+
+    #[test]
+    fn the_mixer_alias_works_in_patterns_too() {
+        let layout = gpt2_like(2);
+        let aliased = layout.expand("layers.0.mixer.*").unwrap();
+        assert_eq!(aliased, layout.expand("layers.0.self_attn.*").unwrap());
+        assert_eq!(aliased.len(), 6);
+    }
 
     #[test]
     fn unknown_name_suggests_the_closest_site() {
