@@ -11,7 +11,7 @@
 
 use hookscope_core::burn::tensor::{Tensor, activation};
 use hookscope_core::cache::RecurrentState;
-use hookscope_core::nn::{Activation, CausalConv1d, Linear, Mixer, RmsNorm};
+use hookscope_core::nn::{Activation, CausalConv1d, Linear, Mixer, RmsNorm, silu};
 use hookscope_core::schema::{LayerSite, MixerKind, MixerNamespace};
 use hookscope_core::{ArchConfig, Call, MixerSite, Result, Site, WeightLoader};
 
@@ -239,7 +239,7 @@ impl Mixer for GatedDeltaNet {
             .reshape([batch, tokens, spec.value_dim()])
             .reshape([batch, tokens, heads, dv]);
         let output = call.visit(site(MixerSite::AttentionHeadOutputs), output)?;
-        let gated = self.norm.forward(output) * activation::silu(z);
+        let gated = self.norm.forward(output) * silu(z);
         Ok(self
             .out_proj
             .forward(gated.reshape([batch, tokens, spec.value_dim()])))

@@ -12,7 +12,9 @@
 
 use hookscope_core::burn::tensor::{Tensor, activation};
 use hookscope_core::cache::RecurrentState;
-use hookscope_core::nn::{Activation, CausalConv1d, Embedding, Linear, RmsNorm, residual_block};
+use hookscope_core::nn::{
+    Activation, CausalConv1d, Embedding, Linear, RmsNorm, residual_block, silu,
+};
 use hookscope_core::schema::{LayerSpec, MixerKind};
 use hookscope_core::{
     ArchConfig, Architecture, Call, CausalLm, MixerSite, ModelLayout, Result, Site, WeightLoader,
@@ -250,7 +252,7 @@ impl Mamba {
         call.state::<RecurrentState<3>>(layer)?.state = Some(state);
         let y = y + xs * mixer.d.clone().unsqueeze::<3>();
         let y = call.visit(site(MixerSite::AttentionHeadOutputs), y)?;
-        Ok(mixer.out_proj.forward(y * activation::silu(gate)))
+        Ok(mixer.out_proj.forward(y * silu(gate)))
     }
 }
 

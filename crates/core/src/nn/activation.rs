@@ -46,7 +46,7 @@ impl Activation {
             Activation::Gelu => activation::gelu(x),
             Activation::GeluTanh => gelu_tanh(x),
             Activation::Relu => activation::relu(x),
-            Activation::Silu => activation::silu(x),
+            Activation::Silu => super::silu(x),
         }
     }
 }

@@ -1,7 +1,7 @@
 //! Normalisation layers.
 
+use burn::tensor::Tensor;
 use burn::tensor::module::layer_norm;
-use burn::tensor::{Tensor, activation};
 
 use crate::loading::WeightLoader;
 
@@ -101,7 +101,7 @@ impl GatedRmsNorm {
     pub fn forward(&self, x: Tensor<3>, gate: Tensor<3>) -> Tensor<3> {
         let [batch, tokens, size] = x.dims();
         let gated =
-            (x * activation::silu(gate)).reshape([batch, tokens, self.groups, size / self.groups]);
+            (x * super::silu(gate)).reshape([batch, tokens, self.groups, size / self.groups]);
         rms_normalise(gated, self.eps).reshape([batch, tokens, size])
             * self.weight.clone().unsqueeze()
     }
