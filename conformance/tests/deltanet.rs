@@ -134,3 +134,76 @@ fn deltanet_state_writes_reach_the_next_step_and_a_decode_steps_output() {
         zeroed.saved.get(heads, 0).unwrap().to_data()
     );
 }
+
+/// Official Qwen3.5-MoE checkpoints store each layer's experts fused (`experts.gate_up_proj`
+/// `[E, 2I, H]`, gate rows first, and `experts.down_proj` `[E, H, I]`); transformers saves them
+/// per expert. The same weights in the fused form give the same numbers.
+#[test]
+fn fused_expert_tensors_load_like_per_expert_ones() {
+    let dir = common::copy_fixture("qwen3.5-moe");
+    let path = dir.path().join("model.safetensors");
+    let mut tensors = common::read_tensors(&path);
+    let experts = |tensors: &common::RawTensors, layer: &str| {
+        let prefix = format!("{layer}.mlp.experts.");
+        let mut ids: Vec<usize> = tensors
+            .keys()
+            .filter_map(|k| k.strip_prefix(&prefix)?.split('.').next()?.parse().ok())
+            .collect();
+        ids.sort_unstable();
+        ids.dedup();
+        ids
+    };
+    let layers: Vec<String> = tensors
+        .keys()
+        .filter(|k| k.ends_with(".mlp.gate.weight"))
+        .map(|k| k.trim_end_matches(".mlp.gate.weight").to_string())
+        .collect();
+    assert!(!layers.is_empty());
+    for layer in layers {
+        let ids = experts(&tensors, &layer);
+        let mut take = |e: usize, part: &str| {
+            tensors
+                .remove(&format!("{layer}.mlp.experts.{e}.{part}.weight"))
+                .unwrap()
+        };
+        let (mut gate_up, mut down) = (Vec::new(), Vec::new());
+        let (mut inner, mut hidden, mut dtype) = (0, 0, None);
+        for &e in &ids {
+            let (gate_dtype, gate_shape, gate) = take(e, "gate_proj");
+            let (_, _, up) = take(e, "up_proj");
+            let (_, _, d) = take(e, "down_proj");
+            (inner, hidden, dtype) = (gate_shape[0], gate_shape[1], Some(gate_dtype));
+            gate_up.extend(gate);
+            gate_up.extend(up);
+            down.extend(d);
+        }
+        let dtype = dtype.unwrap();
+        tensors.insert(
+            format!("{layer}.mlp.experts.gate_up_proj"),
+            (dtype, vec![ids.len(), 2 * inner, hidden], gate_up),
+        );
+        tensors.insert(
+            format!("{layer}.mlp.experts.down_proj"),
+            (dtype, vec![ids.len(), hidden, inner], down),
+        );
+    }
+    common::write_tensors(&path, &tensors);
+    let model = common::load(dir.path()).unwrap();
+    assert!(
+        model.load_report().unused.is_empty(),
+        "{:?}",
+        model.load_report().unused
+    );
+    let report = hookscope_conformance::parity::check_prompt_call(
+        dir.path(),
+        1e-4,
+        hookscope_conformance::parity::all_sites,
+    )
+    .unwrap();
+    assert!(
+        report.mismatches.is_empty(),
+        "{}",
+        report.mismatches.join("\n")
+    );
+    assert!(report.matched.iter().any(|k| k.contains("mlp_output")));
+}

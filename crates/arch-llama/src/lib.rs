@@ -13,31 +13,18 @@ mod config;
 
 use hookscope_core::burn::tensor::Tensor;
 use hookscope_core::nn::{
-    Activation, Embedding, GatedMlp, GatedMlpSpec, Linear, ProjectedAttention,
-    ProjectedAttentionSpec, RmsNorm, Rotary, residual_block,
+    Activation, DecoderLayer, Embedding, GatedMlp, GatedMlpSpec, HybridDecoder, LayerMixer, Linear,
+    NoOtherMixer, ProjectedAttention, ProjectedAttentionSpec, RmsNorm, Rotary,
 };
 use hookscope_core::schema::LayerSpec;
-use hookscope_core::{
-    ArchConfig, Architecture, Call, CausalLm, ModelLayout, Result, Site, WeightLoader,
-};
+use hookscope_core::{ArchConfig, Architecture, Call, CausalLm, ModelLayout, Result, WeightLoader};
 
 pub use config::LlamaConfig;
-
-struct Block {
-    input_norm: RmsNorm,
-    attention: ProjectedAttention,
-    post_attention_norm: RmsNorm,
-    mlp: GatedMlp,
-}
 
 /// A loaded Llama-family model.
 pub struct Llama {
     layout: ModelLayout,
-    rotary: Rotary,
-    embed_tokens: Embedding,
-    blocks: Vec<Block>,
-    norm: RmsNorm,
-    lm_head: Linear,
+    decoder: HybridDecoder<NoOtherMixer, GatedMlp>,
 }
 
 impl Llama {
@@ -77,16 +64,15 @@ impl Llama {
                     qk_norm: None,
                     output_gate: false,
                 };
-                Block {
+                DecoderLayer {
                     input_norm: RmsNorm::load(loader, &name("input_layernorm"), h, eps),
-                    attention: ProjectedAttention::load(loader, &name("self_attn"), &attention),
-                    post_attention_norm: RmsNorm::load(
+                    mixer: LayerMixer::Attention(Box::new(ProjectedAttention::load(
                         loader,
-                        &name("post_attention_layernorm"),
-                        h,
-                        eps,
-                    ),
-                    mlp: GatedMlp::load(loader, &name("mlp"), &mlp),
+                        &name("self_attn"),
+                        &attention,
+                    ))),
+                    post_norm: RmsNorm::load(loader, &name("post_attention_layernorm"), h, eps),
+                    feed_forward: GatedMlp::load(loader, &name("mlp"), &mlp),
                 }
             })
             .collect();
@@ -95,11 +81,13 @@ impl Llama {
         let layer = LayerSpec::attention(heads, kv_heads, head_dim);
         Ok(Llama {
             layout: ModelLayout::uniform(h, config.vocab_size, layer, config.num_hidden_layers),
-            rotary: Rotary::new(head_dim, theta, scaling),
-            embed_tokens,
-            blocks,
-            norm,
-            lm_head,
+            decoder: HybridDecoder {
+                embed_tokens,
+                rotary: Rotary::new(head_dim, theta, scaling),
+                layers: blocks,
+                norm,
+                lm_head,
+            },
         })
     }
 }
@@ -110,22 +98,7 @@ impl CausalLm for Llama {
     }
 
     fn forward(&self, call: &mut Call<'_>) -> Result<Tensor<3>> {
-        let embeddings = self.embed_tokens.forward(call.input_ids());
-        let mut hidden = call.visit(Site::TokenEmbeddings, embeddings)?;
-        let rotary = self.rotary.cos_sin(&call.position_ids());
-        for (layer, block) in self.blocks.iter().enumerate() {
-            hidden = residual_block(
-                layer,
-                hidden,
-                call,
-                |hidden, call| {
-                    let x = block.input_norm.forward(hidden);
-                    block.attention.forward(x, &rotary, call)
-                },
-                Some(|hidden| Ok(block.mlp.forward(block.post_attention_norm.forward(hidden)))),
-            )?;
-        }
-        Ok(self.lm_head.forward(self.norm.forward(hidden)))
+        self.decoder.forward(call)
     }
 }
 

@@ -102,9 +102,4 @@ impl<'a> Call<'a> {
     pub fn observes(&self, site: Site) -> bool {
         self.hooks.observes(site)
     }
-
-    /// Whether any request writes `site` in this call.
-    pub fn writes(&self, site: Site) -> bool {
-        self.hooks.writes(site)
-    }
 }

@@ -1,5 +1,5 @@
-//! The pre-norm decoder of Llama-style hybrids (Bamba, Qwen3-Next, Qwen3.5): each layer is
-//! softmax attention with rotary positions or another sequence mixer, followed by a
+//! The pre-norm decoder of Llama and of Llama-style hybrids (Bamba, Qwen3-Next, Qwen3.5): each
+//! layer is softmax attention with rotary positions or another sequence mixer, followed by a
 //! feed-forward part, both behind RMSNorms and residual adds.
 
 use std::cell::OnceCell;
@@ -16,6 +16,15 @@ use crate::schema::Site;
 pub trait Mixer: Send + Sync {
     /// The mixer on normalised `x` `[B, T, H]`; returns `[B, T, H]`.
     fn mix(&self, x: Tensor<3>, call: &mut Call<'_>) -> Result<Tensor<3>>;
+}
+
+/// The "other mixer" of a decoder whose every layer is attention (Llama): there is none.
+pub enum NoOtherMixer {}
+
+impl Mixer for NoOtherMixer {
+    fn mix(&self, _: Tensor<3>, _: &mut Call<'_>) -> Result<Tensor<3>> {
+        match *self {}
+    }
 }
 
 /// A layer's feed-forward part.
@@ -56,7 +65,7 @@ pub struct DecoderLayer<M, F> {
     pub feed_forward: F,
 }
 
-/// A hybrid decoder: embeddings, layers, final norm and head.
+/// A decoder: embeddings, layers, final norm and head.
 pub struct HybridDecoder<M, F> {
     /// The token embedding table.
     pub embed_tokens: Embedding,

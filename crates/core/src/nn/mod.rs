@@ -20,7 +20,7 @@ pub use attention::{ProjectedAttention, ProjectedAttentionSpec, QkNorm, SoftmaxA
 pub use block::{parallel_residual_block, residual_block};
 pub use conv::CausalConv1d;
 pub use decay::{decay_matrix, pairwise_decay};
-pub use decoder::{DecoderLayer, FeedForward, HybridDecoder, LayerMixer, Mixer};
+pub use decoder::{DecoderLayer, FeedForward, HybridDecoder, LayerMixer, Mixer, NoOtherMixer};
 pub use embedding::Embedding;
 pub use fastmath::silu;
 pub use linear::Linear;
