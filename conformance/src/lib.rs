@@ -29,10 +29,59 @@ pub fn locate_fixtures(explicit: Option<&Path>) -> Result<Option<PathBuf>, Strin
     };
     match named {
         None => Ok(None),
-        Some((path, _)) if path.is_dir() => Ok(Some(path)),
+        Some((path, origin)) if path.is_dir() => {
+            check_fixture_folder(&path).map_err(|problem| {
+                format!(
+                    "fixtures folder {} (from {origin}): {problem}",
+                    path.display()
+                )
+            })?;
+            Ok(Some(path))
+        }
         Some((path, origin)) => Err(format!(
             "fixtures folder {} (from {origin}) does not exist or is not a folder",
             path.display()
         )),
+    }
+}
+
+/// Files every fixture holds (`make_fixtures.py` writes them all).
+const FIXTURE_FILES: [&str; 4] = [
+    "config.json",
+    "model.safetensors",
+    "reference.json",
+    "reference.safetensors",
+];
+
+/// A requested fixtures folder must hold at least one fixture, and every fixture all of its
+/// files: a folder that would let parity pass without checking anything is an error.
+fn check_fixture_folder(folder: &Path) -> Result<(), String> {
+    let entries = std::fs::read_dir(folder).map_err(|e| format!("cannot read it: {e}"))?;
+    let mut fixtures = 0;
+    for dir in entries.filter_map(|e| e.ok().map(|e| e.path())) {
+        let present: Vec<bool> = FIXTURE_FILES
+            .iter()
+            .map(|f| dir.join(f).is_file())
+            .collect();
+        if !present.contains(&true) {
+            continue;
+        }
+        if let Some(missing) = FIXTURE_FILES.iter().zip(&present).find(|(_, p)| !**p) {
+            return Err(format!(
+                "fixture {} lacks {} (make_fixtures.py writes {})",
+                dir.display(),
+                missing.0,
+                FIXTURE_FILES.join(", ")
+            ));
+        }
+        fixtures += 1;
+    }
+    match fixtures {
+        0 => Err(
+            "it holds no fixture (folders with config.json and reference.safetensors, \
+                  as conformance/scripts/make_fixtures.py writes them)"
+                .into(),
+        ),
+        _ => Ok(()),
     }
 }

@@ -304,3 +304,42 @@ fn token_ids_written_outside_the_vocabulary_are_refused() {
     assert!(matches!(error, Error::InvalidInput(_)), "{error}");
     assert!(error.to_string().contains("500"), "{error}");
 }
+
+/// The size estimate the CLI checks before a run (`Interventions::saved_bytes`) is exact when
+/// generation runs every step: attention caches, recurrent states and logits alike.
+#[test]
+fn the_saved_size_estimate_matches_what_a_run_saves() {
+    for name in ["gpt2-tied", "mamba-tied", "qwen3.5-moe"] {
+        let model = load_fixture(name);
+        let batch = model.batch(vec![vec![3, 1, 4, 1, 5], vec![2, 7]]).unwrap();
+        let interventions = model
+            .layout()
+            .call_order()
+            .into_iter()
+            .fold(Interventions::new(), |acc, site| acc.save(site, Steps::All))
+            .save(Site::Logits, Steps::Range(1..3));
+        let mut config = model.generation_config().clone();
+        config.max_new_tokens = 4;
+        config.eos_token_ids.clear();
+        let generation = model.generate(&batch, &interventions, &config).unwrap();
+        assert_eq!(generation.steps, 4);
+        let duplicated_logits: usize = generation
+            .saved
+            .iter()
+            .filter(|(site, step, _)| *site == Site::Logits && (1..3).contains(step))
+            .map(|(_, _, value)| value.shape().iter().product::<usize>() * 4)
+            .sum();
+        let saved: usize = generation
+            .saved
+            .iter()
+            .map(|(site, _, value)| {
+                let element = if site == Site::InputIds { 8 } else { 4 };
+                value.shape().iter().product::<usize>() * element
+            })
+            .sum();
+        let estimate = interventions
+            .saved_bytes(model.layout(), (batch.batch_size(), batch.len()), 4)
+            .unwrap();
+        assert_eq!(estimate, saved + duplicated_logits, "{name}");
+    }
+}

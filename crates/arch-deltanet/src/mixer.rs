@@ -118,21 +118,25 @@ impl GatedDeltaNet {
         name: &str,
         (layer, layout): (usize, ProjectionLayout),
         spec: DeltaNetSpec,
-    ) -> Self {
+    ) -> Result<Self> {
         let weight = |part: &str| format!("{name}.{part}");
         let (hidden, heads) = (spec.hidden, spec.value_heads);
         let [qkv, z, b, a] = match layout {
-            ProjectionLayout::Separate => [
-                (spec.conv_channels(), "in_proj_qkv"),
-                (spec.value_dim(), "in_proj_z"),
-                (heads, "in_proj_b"),
-                (heads, "in_proj_a"),
-            ]
-            .map(|(rows, part)| loader.tensor(&weight(&format!("{part}.weight")), [rows, hidden])),
-            ProjectionLayout::Grouped => grouped_projections(loader, name, &spec),
+            ProjectionLayout::Separate => {
+                let mut separate = |rows: usize, part: &str| {
+                    loader.tensor(&weight(&format!("{part}.weight")), [rows, hidden])
+                };
+                [
+                    separate(spec.conv_channels(), "in_proj_qkv")?,
+                    separate(spec.value_dim(), "in_proj_z")?,
+                    separate(heads, "in_proj_b")?,
+                    separate(heads, "in_proj_a")?,
+                ]
+            }
+            ProjectionLayout::Grouped => grouped_projections(loader, name, &spec)?,
         };
-        let a_log: Tensor<1> = loader.tensor(&weight("A_log"), [heads]);
-        GatedDeltaNet {
+        let a_log: Tensor<1> = loader.tensor(&weight("A_log"), [heads])?;
+        Ok(GatedDeltaNet {
             layer,
             in_proj_qkv: Linear::from_out_in(qkv),
             in_proj_z: Linear::from_out_in(z),
@@ -144,19 +148,19 @@ impl GatedDeltaNet {
                 spec.conv_channels(),
                 spec.conv_kernel,
                 false,
-            ),
-            dt_bias: loader.tensor(&weight("dt_bias"), [heads]),
+            )?,
+            dt_bias: loader.tensor(&weight("dt_bias"), [heads])?,
             a: a_log.exp().neg(),
-            norm: RmsNorm::load(loader, &weight("norm"), spec.value_head_dim, spec.eps),
+            norm: RmsNorm::load(loader, &weight("norm"), spec.value_head_dim, spec.eps)?,
             out_proj: Linear::load_torch(
                 loader,
                 &weight("out_proj"),
                 spec.value_dim(),
                 hidden,
                 false,
-            ),
+            )?,
             spec,
-        }
+        })
     }
 }
 
@@ -259,7 +263,7 @@ fn grouped_projections(
     loader: &mut WeightLoader<'_>,
     name: &str,
     spec: &DeltaNetSpec,
-) -> [Tensor<2>; 4] {
+) -> Result<[Tensor<2>; 4]> {
     let (hidden, groups) = (spec.hidden, spec.key_heads);
     let (dk, per_key) = (spec.key_head_dim, spec.value_heads / spec.key_heads);
     let values = per_key * spec.value_head_dim;
@@ -267,11 +271,11 @@ fn grouped_projections(
     let qkvz: Tensor<2> = loader.tensor(
         &format!("{name}.in_proj_qkvz.weight"),
         [groups * width, hidden],
-    );
+    )?;
     let ba: Tensor<2> = loader.tensor(
         &format!("{name}.in_proj_ba.weight"),
         [groups * 2 * per_key, hidden],
-    );
+    )?;
     let qkvz = qkvz.reshape([groups, width, hidden]);
     let rows = |t: &Tensor<3>, range: std::ops::Range<usize>| -> Tensor<2> {
         let count = groups * range.len();
@@ -282,10 +286,10 @@ fn grouped_projections(
     let v = rows(&qkvz, 2 * dk..2 * dk + values);
     let z = rows(&qkvz, 2 * dk + values..width);
     let ba = ba.reshape([groups, 2 * per_key, hidden]);
-    [
+    Ok([
         Tensor::cat(vec![q, k, v], 0),
         z,
         rows(&ba, 0..per_key),
         rows(&ba, per_key..2 * per_key),
-    ]
+    ])
 }

@@ -312,19 +312,15 @@ impl Hybrid {
             }),
             (_, None) => None,
         };
-        let prefix = if loader.contains("model.language_model.embed_tokens.weight") {
-            "model.language_model."
-        } else {
-            "model."
-        };
+        let prefix = loader.prefix(&["model.language_model.", "model."]);
         let embed_tokens = Embedding::load(
             loader,
             &format!("{prefix}embed_tokens.weight"),
             config.vocab_size,
             h,
-        );
-        let mut layers = Vec::with_capacity(config.num_hidden_layers);
-        let mut blocks = Vec::with_capacity(config.num_hidden_layers);
+        )?;
+        let mut layers = Vec::new();
+        let mut blocks = Vec::new();
         for i in 0..config.num_hidden_layers {
             let name = |rest: &str| format!("{prefix}layers.{i}.{rest}");
             let (mixer, kind) = if config.is_attention(arch_config, i)? {
@@ -342,14 +338,14 @@ impl Hybrid {
                     }),
                     output_gate: true,
                 };
-                let attention = ProjectedAttention::load(loader, &name("self_attn"), &spec);
+                let attention = ProjectedAttention::load(loader, &name("self_attn"), &spec)?;
                 (
                     LayerMixer::Attention(Box::new(attention)),
                     LayerSpec::attention(heads, kv_heads, head_dim),
                 )
             } else {
                 let mixer =
-                    GatedDeltaNet::load(loader, &name("linear_attn"), (i, projections), delta);
+                    GatedDeltaNet::load(loader, &name("linear_attn"), (i, projections), delta)?;
                 let layer = LayerSpec {
                     mixer: delta.kind(),
                     has_mlp: true,
@@ -358,10 +354,10 @@ impl Hybrid {
             };
             let mlp = match (config.moe(family, i, activation), dense) {
                 (Some(moe), _) => {
-                    Mlp::Sparse(Box::new(SparseMoe::load(loader, &name("mlp"), &moe)))
+                    Mlp::Sparse(Box::new(SparseMoe::load(loader, &name("mlp"), &moe)?))
                 }
                 (None, Some(dense)) => {
-                    Mlp::Dense(Box::new(GatedMlp::load(loader, &name("mlp"), &dense)))
+                    Mlp::Dense(Box::new(GatedMlp::load(loader, &name("mlp"), &dense)?))
                 }
                 (None, None) => {
                     return Err(arch_config.unsupported(format!(
@@ -371,20 +367,20 @@ impl Hybrid {
             };
             layers.push(kind);
             blocks.push(DecoderLayer {
-                input_norm: RmsNorm::load_unit_offset(loader, &name("input_layernorm"), h, eps),
+                input_norm: RmsNorm::load_unit_offset(loader, &name("input_layernorm"), h, eps)?,
                 mixer,
                 post_norm: RmsNorm::load_unit_offset(
                     loader,
                     &name("post_attention_layernorm"),
                     h,
                     eps,
-                ),
+                )?,
                 feed_forward: mlp,
             });
         }
-        let norm = RmsNorm::load_unit_offset(loader, &format!("{prefix}norm"), h, eps);
+        let norm = RmsNorm::load_unit_offset(loader, &format!("{prefix}norm"), h, eps)?;
         let tied = config.tie_word_embeddings || tied_at_top || !loader.contains("lm_head.weight");
-        let lm_head = Linear::head(loader, "lm_head", &embed_tokens, tied);
+        let lm_head = Linear::head(loader, "lm_head", &embed_tokens, tied)?;
         Ok(Hybrid {
             layout: ModelLayout {
                 hidden: h,

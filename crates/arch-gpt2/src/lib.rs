@@ -105,14 +105,10 @@ impl Gpt2 {
         }
         let head_dim = h / heads;
         let inner = config.n_inner.unwrap_or(4 * h);
-        let prefix = if loader.contains("transformer.wte.weight") {
-            "transformer."
-        } else {
-            ""
-        };
+        let prefix = loader.prefix(&["transformer.", ""]);
         let name = |rest: &str| format!("{prefix}{rest}");
-        let wte = Embedding::load(loader, &name("wte.weight"), config.vocab_size, h);
-        let wpe = Embedding::load(loader, &name("wpe.weight"), config.n_positions, h);
+        let wte = Embedding::load(loader, &name("wte.weight"), config.vocab_size, h)?;
+        let wpe = Embedding::load(loader, &name("wpe.weight"), config.n_positions, h)?;
         let blocks = (0..config.n_layer)
             .map(|i| {
                 let block = |rest: &str| name(&format!("h.{i}.{rest}"));
@@ -124,9 +120,9 @@ impl Gpt2 {
                 if config.scale_attn_by_inverse_layer_idx {
                     scale /= (i + 1) as f64;
                 }
-                Block {
-                    ln_1: LayerNorm::load(loader, &block("ln_1"), h, config.layer_norm_epsilon),
-                    c_attn: Linear::load_conv1d(loader, &block("attn.c_attn"), h, 3 * h),
+                Ok(Block {
+                    ln_1: LayerNorm::load(loader, &block("ln_1"), h, config.layer_norm_epsilon)?,
+                    c_attn: Linear::load_conv1d(loader, &block("attn.c_attn"), h, 3 * h)?,
                     attention: SoftmaxAttention {
                         layer: i,
                         heads,
@@ -134,15 +130,15 @@ impl Gpt2 {
                         head_dim,
                         scale,
                     },
-                    c_proj: Linear::load_conv1d(loader, &block("attn.c_proj"), h, h),
-                    ln_2: LayerNorm::load(loader, &block("ln_2"), h, config.layer_norm_epsilon),
-                    c_fc: Linear::load_conv1d(loader, &block("mlp.c_fc"), h, inner),
-                    mlp_proj: Linear::load_conv1d(loader, &block("mlp.c_proj"), inner, h),
-                }
+                    c_proj: Linear::load_conv1d(loader, &block("attn.c_proj"), h, h)?,
+                    ln_2: LayerNorm::load(loader, &block("ln_2"), h, config.layer_norm_epsilon)?,
+                    c_fc: Linear::load_conv1d(loader, &block("mlp.c_fc"), h, inner)?,
+                    mlp_proj: Linear::load_conv1d(loader, &block("mlp.c_proj"), inner, h)?,
+                })
             })
-            .collect();
-        let ln_f = LayerNorm::load(loader, &name("ln_f"), h, config.layer_norm_epsilon);
-        let lm_head = Linear::head(loader, "lm_head", &wte, config.tie_word_embeddings);
+            .collect::<Result<_>>()?;
+        let ln_f = LayerNorm::load(loader, &name("ln_f"), h, config.layer_norm_epsilon)?;
+        let lm_head = Linear::head(loader, "lm_head", &wte, config.tie_word_embeddings)?;
         let layer = LayerSpec::attention(heads, heads, head_dim);
         Ok(Gpt2 {
             layout: ModelLayout::uniform(h, config.vocab_size, layer, config.n_layer),

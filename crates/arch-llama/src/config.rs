@@ -135,6 +135,23 @@ impl LlamaConfig {
             number(key)
                 .ok_or_else(|| config.unsupported(format!("rope type `{kind}` needs `{key}`")))
         };
+        // What transformers' rope validation checks, in its words.
+        if let Some(factor) = number("factor").filter(|f| f.is_nan() || *f < 1.0) {
+            return Err(config.unsupported(format!(
+                "`rope_parameters`'s factor field must be a float >= 1, got {factor}"
+            )));
+        }
+        if !(theta > 0.0 && theta.is_finite()) {
+            return Err(config.unsupported(format!("rope_theta must be positive, got {theta}")));
+        }
+        if let (Some(low), Some(high)) = (number("low_freq_factor"), number("high_freq_factor"))
+            && high <= low
+        {
+            return Err(config.unsupported(format!(
+                "`rope_parameters`'s high_freq_factor field must be greater than \
+                 low_freq_factor, got high_freq_factor={high} and low_freq_factor={low}"
+            )));
+        }
         if number("partial_rotary_factor").is_some_and(|f| f != 1.0) {
             return Err(config.unsupported("partial_rotary_factor != 1"));
         }

@@ -49,7 +49,7 @@ impl Llama {
             activation,
         };
         let embed_tokens =
-            Embedding::load(loader, "model.embed_tokens.weight", config.vocab_size, h);
+            Embedding::load(loader, "model.embed_tokens.weight", config.vocab_size, h)?;
         let blocks = (0..config.num_hidden_layers)
             .map(|i| {
                 let name = |rest: &str| format!("model.layers.{i}.{rest}");
@@ -64,20 +64,20 @@ impl Llama {
                     qk_norm: None,
                     output_gate: false,
                 };
-                DecoderLayer {
-                    input_norm: RmsNorm::load(loader, &name("input_layernorm"), h, eps),
+                Ok(DecoderLayer {
+                    input_norm: RmsNorm::load(loader, &name("input_layernorm"), h, eps)?,
                     mixer: LayerMixer::Attention(Box::new(ProjectedAttention::load(
                         loader,
                         &name("self_attn"),
                         &attention,
-                    ))),
-                    post_norm: RmsNorm::load(loader, &name("post_attention_layernorm"), h, eps),
-                    feed_forward: GatedMlp::load(loader, &name("mlp"), &mlp),
-                }
+                    )?)),
+                    post_norm: RmsNorm::load(loader, &name("post_attention_layernorm"), h, eps)?,
+                    feed_forward: GatedMlp::load(loader, &name("mlp"), &mlp)?,
+                })
             })
-            .collect();
-        let norm = RmsNorm::load(loader, "model.norm", h, eps);
-        let lm_head = Linear::head(loader, "lm_head", &embed_tokens, config.tie_word_embeddings);
+            .collect::<Result<_>>()?;
+        let norm = RmsNorm::load(loader, "model.norm", h, eps)?;
+        let lm_head = Linear::head(loader, "lm_head", &embed_tokens, config.tie_word_embeddings)?;
         let layer = LayerSpec::attention(heads, kv_heads, head_dim);
         Ok(Llama {
             layout: ModelLayout::uniform(h, config.vocab_size, layer, config.num_hidden_layers),

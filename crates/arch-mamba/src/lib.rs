@@ -135,13 +135,13 @@ impl Mamba {
         let rank = config.time_step_rank(arch_config)?;
         let eps = config.layer_norm_epsilon;
         let embeddings =
-            Embedding::load(loader, "backbone.embeddings.weight", config.vocab_size, h);
+            Embedding::load(loader, "backbone.embeddings.weight", config.vocab_size, h)?;
         let blocks = (0..config.num_hidden_layers)
             .map(|i| {
                 let name = |rest: &str| format!("backbone.layers.{i}.{rest}");
-                let a_log: Tensor<2> = loader.tensor(&name("mixer.A_log"), [e, n]);
-                Block {
-                    norm: RmsNorm::load(loader, &name("norm"), h, eps),
+                let a_log: Tensor<2> = loader.tensor(&name("mixer.A_log"), [e, n])?;
+                Ok(Block {
+                    norm: RmsNorm::load(loader, &name("norm"), h, eps)?,
                     mixer: Mixer {
                         in_proj: Linear::load_torch(
                             loader,
@@ -149,38 +149,38 @@ impl Mamba {
                             h,
                             2 * e,
                             config.use_bias,
-                        ),
+                        )?,
                         conv: CausalConv1d::load(
                             loader,
                             &name("mixer.conv1d"),
                             e,
                             config.conv_kernel,
                             config.use_conv_bias,
-                        ),
+                        )?,
                         x_proj: Linear::load_torch(
                             loader,
                             &name("mixer.x_proj"),
                             e,
                             rank + 2 * n,
                             false,
-                        ),
-                        dt_proj: Linear::load_torch(loader, &name("mixer.dt_proj"), rank, e, true),
+                        )?,
+                        dt_proj: Linear::load_torch(loader, &name("mixer.dt_proj"), rank, e, true)?,
                         a: a_log.exp().neg(),
-                        d: loader.tensor(&name("mixer.D"), [e]),
+                        d: loader.tensor(&name("mixer.D"), [e])?,
                         out_proj: Linear::load_torch(
                             loader,
                             &name("mixer.out_proj"),
                             e,
                             h,
                             config.use_bias,
-                        ),
+                        )?,
                     },
-                }
+                })
             })
-            .collect();
-        let norm_f = RmsNorm::load(loader, "backbone.norm_f", h, eps);
+            .collect::<Result<_>>()?;
+        let norm_f = RmsNorm::load(loader, "backbone.norm_f", h, eps)?;
         let tied = config.tie_word_embeddings && !loader.contains("lm_head.weight");
-        let lm_head = Linear::head(loader, "lm_head", &embeddings, tied);
+        let lm_head = Linear::head(loader, "lm_head", &embeddings, tied)?;
         let layer = LayerSpec {
             mixer: MixerKind::Mamba1 { inner: e, state: n },
             has_mlp: false,

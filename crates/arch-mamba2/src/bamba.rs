@@ -216,8 +216,8 @@ impl Bamba {
             activation,
         };
         let embed_tokens =
-            Embedding::load(loader, "model.embed_tokens.weight", config.vocab_size, h);
-        let mut layers = Vec::with_capacity(config.num_hidden_layers);
+            Embedding::load(loader, "model.embed_tokens.weight", config.vocab_size, h)?;
+        let mut layers = Vec::new();
         let blocks = (0..config.num_hidden_layers)
             .map(|i| {
                 let name = |rest: &str| format!("model.layers.{i}.{rest}");
@@ -233,11 +233,11 @@ impl Bamba {
                         qk_norm: None,
                         output_gate: false,
                     };
-                    let attention = ProjectedAttention::load(loader, &name("self_attn"), &spec);
+                    let attention = ProjectedAttention::load(loader, &name("self_attn"), &spec)?;
                     let layer = LayerSpec::attention(heads, kv_heads, head_dim);
                     (LayerMixer::Attention(Box::new(attention)), layer)
                 } else {
-                    let mixer = Mamba2Mixer::load(loader, &name("mamba"), i, mamba);
+                    let mixer = Mamba2Mixer::load(loader, &name("mamba"), i, mamba)?;
                     let layer = LayerSpec {
                         mixer: mamba.kind(),
                         has_mlp: true,
@@ -245,16 +245,16 @@ impl Bamba {
                     (LayerMixer::Other(Box::new(mixer)), layer)
                 };
                 layers.push(kind);
-                DecoderLayer {
-                    input_norm: RmsNorm::load(loader, &name("input_layernorm"), h, eps),
+                Ok(DecoderLayer {
+                    input_norm: RmsNorm::load(loader, &name("input_layernorm"), h, eps)?,
                     mixer,
-                    post_norm: RmsNorm::load(loader, &name("pre_ff_layernorm"), h, eps),
-                    feed_forward: GatedMlp::load(loader, &name("feed_forward"), &mlp),
-                }
+                    post_norm: RmsNorm::load(loader, &name("pre_ff_layernorm"), h, eps)?,
+                    feed_forward: GatedMlp::load(loader, &name("feed_forward"), &mlp)?,
+                })
             })
-            .collect();
-        let final_norm = RmsNorm::load(loader, "model.final_layernorm", h, eps);
-        let lm_head = Linear::head(loader, "lm_head", &embed_tokens, config.tie_word_embeddings);
+            .collect::<Result<_>>()?;
+        let final_norm = RmsNorm::load(loader, "model.final_layernorm", h, eps)?;
+        let lm_head = Linear::head(loader, "lm_head", &embed_tokens, config.tie_word_embeddings)?;
         let rotary_dims = (head_dim as f64 * PARTIAL_ROTARY_FACTOR) as usize;
         Ok(Bamba {
             layout: ModelLayout {

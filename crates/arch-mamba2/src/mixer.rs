@@ -113,12 +113,17 @@ pub struct Mamba2Mixer {
 
 impl Mamba2Mixer {
     /// Loads the mixer of `layer` stored under `name` (`backbone.layers.3.mixer`).
-    pub fn load(loader: &mut WeightLoader<'_>, name: &str, layer: usize, spec: MixerSpec) -> Self {
+    pub fn load(
+        loader: &mut WeightLoader<'_>,
+        name: &str,
+        layer: usize,
+        spec: MixerSpec,
+    ) -> Result<Self> {
         let weight = |part: &str| format!("{name}.{part}");
         let (hidden, inner, heads) = (spec.hidden, spec.inner(), spec.heads);
         let projected = inner + spec.conv_channels() + heads;
-        let a_log: Tensor<1> = loader.tensor(&weight("A_log"), [heads]);
-        Mamba2Mixer {
+        let a_log: Tensor<1> = loader.tensor(&weight("A_log"), [heads])?;
+        Ok(Mamba2Mixer {
             layer,
             in_proj: Linear::load_torch(
                 loader,
@@ -126,27 +131,27 @@ impl Mamba2Mixer {
                 hidden,
                 projected,
                 spec.proj_bias,
-            ),
+            )?,
             conv: CausalConv1d::load(
                 loader,
                 &weight("conv1d"),
                 spec.conv_channels(),
                 spec.conv_kernel,
                 spec.conv_bias,
-            ),
-            dt_bias: loader.tensor(&weight("dt_bias"), [heads]),
+            )?,
+            dt_bias: loader.tensor(&weight("dt_bias"), [heads])?,
             a: a_log.exp().neg(),
-            d: loader.tensor(&weight("D"), [heads]),
-            norm: GatedRmsNorm::load(loader, &weight("norm"), inner, spec.groups, spec.eps),
+            d: loader.tensor(&weight("D"), [heads])?,
+            norm: GatedRmsNorm::load(loader, &weight("norm"), inner, spec.groups, spec.eps)?,
             out_proj: Linear::load_torch(
                 loader,
                 &weight("out_proj"),
                 inner,
                 hidden,
                 spec.proj_bias,
-            ),
+            )?,
             spec,
-        }
+        })
     }
 }
 

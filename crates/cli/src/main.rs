@@ -64,6 +64,17 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // Generation with saved sites allocates fresh buffers every step: keep freed memory.
     hookscope::memory::keep_freed_memory();
+    // Interrupted (Ctrl-C, SIGTERM, SIGHUP): leave no half-written output file behind.
+    let interrupted = ctrlc::set_handler(|| {
+        hookscope::output::remove_partial_files();
+        eprintln!("interrupted");
+        std::process::exit(130);
+    });
+    if let Err(error) = interrupted {
+        eprintln!(
+            "warning: cannot watch for interruption ({error}); an interrupted --out may leave a temporary file"
+        );
+    }
     for path in &cli.plugin {
         if let Err(error) = hookscope::plugin::load(path) {
             eprintln!("error: {error}");

@@ -37,6 +37,9 @@ pub struct RunArgs {
     /// How many most likely next tokens to print per prompt (single trace).
     #[arg(long, default_value_t = 5)]
     top: usize,
+    /// Run even when the saved values are estimated to exceed the memory available.
+    #[arg(long)]
+    force: bool,
     #[command(flatten)]
     generation: GenerationArgs,
 }
@@ -116,8 +119,9 @@ pub fn run(args: &RunArgs) -> Result<()> {
         for spec in specs {
             let selection = Selection::parse(model.layout(), spec, default_steps.clone())?;
             if args.generation.max_new_tokens.is_none() && !selection.steps.contains(0) {
-                return Err(Error::InvalidSteps(format!(
-                    "{} (a single trace has only step 0; add --max-new-tokens to generate)",
+                return Err(Error::InvalidInput(format!(
+                    "`{spec}` asks for step(s) {} of a single trace, which has only step 0; \
+                     add --max-new-tokens N to generate N more steps",
                     selection.steps
                 )));
             }
@@ -126,6 +130,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             }
         }
     }
+    check_saved_size(args, &model, &batch, &interventions)?;
     if let Some(max_new_tokens) = args.generation.max_new_tokens {
         let config = args
             .generation
@@ -144,6 +149,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
             )));
         }
         let generation = model.generate(&batch, &interventions, &config)?;
+        warn_of_steps_never_run(&interventions, generation.steps, max_new_tokens);
         if let Some(path) = &args.out {
             let ids = (&generation.output_ids, &generation.attention_mask);
             write_out(path, &generation.saved, ids)?;
@@ -161,6 +167,62 @@ pub fn run(args: &RunArgs) -> Result<()> {
         print_text(&prompts, &trace, &top, args.out.as_ref());
     }
     Ok(())
+}
+
+/// Says on stderr which requested steps never ran because every row reached EOS early.
+fn warn_of_steps_never_run(interventions: &Interventions, ran: usize, requested: usize) {
+    let missed: Vec<String> = interventions
+        .requests()
+        .iter()
+        .filter(|request| request.steps.overlaps(ran..requested))
+        .map(|request| format!("{}@{}", request.site, request.steps))
+        .collect();
+    if let Some(first) = missed.first() {
+        eprintln!(
+            "warning: generation ended at EOS after {ran} of {requested} steps; steps \
+             {ran}..{requested} never ran, so {first}{} saved or wrote nothing there",
+            match missed.len() {
+                1 => String::new(),
+                n => format!(" and {} other request(s)", n - 1),
+            }
+        );
+    }
+}
+
+/// Saved values above this size are announced before the run starts.
+const LARGE_OUTPUT: usize = 1 << 30;
+
+/// Estimates, from the shape table, what the requested saves will hold; says so on stderr when
+/// it is large and refuses (unless `--force`) when it exceeds the memory available.
+fn check_saved_size(
+    args: &RunArgs,
+    model: &Model,
+    batch: &hookscope::Batch,
+    interventions: &Interventions,
+) -> Result<()> {
+    let steps = args.generation.max_new_tokens.unwrap_or(1);
+    let sizes = (batch.batch_size(), batch.len());
+    let Some(bytes) = interventions.saved_bytes(model.layout(), sizes, steps) else {
+        return Err(Error::InvalidInput(
+            "the saved values of this run would not fit in any memory (their size overflows)"
+                .into(),
+        ));
+    };
+    if bytes >= LARGE_OUTPUT {
+        eprintln!(
+            "note: the requested saves will hold about {} (at most; fewer if generation stops \
+             early)",
+            hookscope::error::human_bytes(bytes)
+        );
+    }
+    if args.force {
+        return Ok(());
+    }
+    hookscope::memory::ensure_fits(
+        || "saving the requested sites".into(),
+        bytes,
+        "; save fewer sites or steps (e.g. `layers.*.layer_output@0`), or pass --force to try",
+    )
 }
 
 /// One candidate next token.

@@ -1,6 +1,8 @@
 //! Choosing the next token from `next_token_probs`: greedy or sampled, as the checkpoint's
 //! `generation_config.json` says unless overridden.
 
+use std::path::Path;
+
 use serde_json::Value;
 
 use crate::error::{Error, Result};
@@ -40,51 +42,72 @@ pub struct GenerationConfig {
 }
 
 impl GenerationConfig {
-    /// The checkpoint's defaults: `generation_config.json`, then `config.json`, then the
-    /// `transformers` defaults (greedy; when sampling, temperature 1, top-k 50, top-p 1).
-    pub fn from_json(generation: Option<&Value>, config: &Value) -> Self {
-        let sources: Vec<&Value> = generation.into_iter().chain([config]).collect();
-        let field = |key: &str| {
-            sources
-                .iter()
-                .find_map(|json| json.get(key).filter(|v| !v.is_null()))
+    /// The checkpoint's defaults: `generation_config.json`, then `config.json` (each given
+    /// with its path, for messages), then the `transformers` defaults (greedy; when sampling,
+    /// temperature 1, top-k 50, top-p 1). A value of the wrong type is an error naming the
+    /// file and the key, never silently ignored.
+    pub fn from_json(generation: Option<(&Path, &Value)>, config: (&Path, &Value)) -> Result<Self> {
+        let sources: Vec<(&Path, &Value)> = generation.into_iter().chain([config]).collect();
+        let field = |key: &'static str| {
+            sources.iter().find_map(|(path, json)| {
+                json.get(key)
+                    .filter(|v| !v.is_null())
+                    .map(|value| Field { path, key, value })
+            })
         };
-        let ids = |key: &str| -> Vec<u32> {
-            match field(key) {
-                Some(Value::Number(n)) => n.as_u64().map(|n| n as u32).into_iter().collect(),
-                Some(Value::Array(list)) => list
+        let eos_token_ids = match field("eos_token_id") {
+            None => Vec::new(),
+            Some(f) => match f.value {
+                Value::Array(list) => list
                     .iter()
-                    .filter_map(Value::as_u64)
-                    .map(|n| n as u32)
-                    .collect(),
-                _ => Vec::new(),
-            }
+                    .map(|id| token_id(id).ok_or_else(|| f.wrong("token ids")))
+                    .collect::<Result<_>>()?,
+                single => vec![token_id(single).ok_or_else(|| f.wrong("a token id or a list"))?],
+            },
         };
-        let number =
-            |key: &str, default: f64| field(key).and_then(Value::as_f64).unwrap_or(default);
-        let eos_token_ids = ids("eos_token_id");
-        let pad_token_id = ids("pad_token_id")
-            .first()
-            .or(eos_token_ids.first())
-            .copied()
-            .unwrap_or(0);
-        let decoding = if field("do_sample").and_then(Value::as_bool).unwrap_or(false) {
+        let pad_token_id = match field("pad_token_id") {
+            Some(f) => token_id(f.value).ok_or_else(|| f.wrong("a token id"))?,
+            None => eos_token_ids.first().copied().unwrap_or(0),
+        };
+        let number = |key: &'static str, default: f64| match field(key) {
+            None => Ok(default),
+            Some(f) => f.value.as_f64().ok_or_else(|| f.wrong("a number")),
+        };
+        let count = |key: &'static str, default: usize| match field(key) {
+            None => Ok(default),
+            Some(f) => f
+                .value
+                .as_u64()
+                .and_then(|n| usize::try_from(n).ok())
+                .ok_or_else(|| f.wrong("a non-negative integer")),
+        };
+        let do_sample = match field("do_sample") {
+            None => false,
+            Some(f) => f.value.as_bool().ok_or_else(|| f.wrong("true or false"))?,
+        };
+        // Checked even when decoding greedily: a wrongly typed value is a mistake either way.
+        let (temperature, top_k, top_p) = (
+            number("temperature", 1.0)? as f32,
+            count("top_k", 50)?,
+            number("top_p", 1.0)? as f32,
+        );
+        let decoding = if do_sample {
             Decoding::Sample {
-                temperature: number("temperature", 1.0) as f32,
-                top_k: number("top_k", 50.0) as usize,
-                top_p: number("top_p", 1.0) as f32,
+                temperature,
+                top_k,
+                top_p,
                 seed: 0,
             }
         } else {
             Decoding::Greedy
         };
-        GenerationConfig {
+        Ok(GenerationConfig {
             decoding,
-            max_new_tokens: number("max_new_tokens", 20.0) as usize,
+            max_new_tokens: count("max_new_tokens", 20)?,
             eos_token_ids,
             pad_token_id,
             use_cache: true,
-        }
+        })
     }
 
     /// Checks the settings before anything runs.
@@ -108,6 +131,30 @@ impl GenerationConfig {
     }
 }
 
+/// A generation setting found in one of the checkpoint's files.
+struct Field<'a> {
+    path: &'a Path,
+    key: &'static str,
+    value: &'a Value,
+}
+
+impl Field<'_> {
+    /// The error for a value of the wrong type: names the file, the key and what was expected.
+    fn wrong(&self, expected: &str) -> Error {
+        Error::InvalidInput(format!(
+            "{}: `{}` must be {expected}, got {}",
+            self.path.display(),
+            self.key,
+            self.value
+        ))
+    }
+}
+
+/// A JSON token id (a non-negative integer that fits in 32 bits).
+fn token_id(value: &Value) -> Option<u32> {
+    value.as_u64().and_then(|id| u32::try_from(id).ok())
+}
+
 /// Picks tokens from per-row distributions, holding the random stream across steps.
 pub(crate) struct TokenPicker {
     decoding: Decoding,
@@ -126,26 +173,44 @@ impl TokenPicker {
         }
     }
 
-    /// The token for one row's distribution `probs` (length V).
-    pub(crate) fn pick(&mut self, probs: &[f32]) -> u32 {
+    /// The token for one row's distribution `probs` (length V), or why the row is not a
+    /// distribution it can pick from: a NaN anywhere, or (when sampling) a negative or
+    /// non-finite value or a total that is not positive.
+    pub(crate) fn pick(&mut self, probs: &[f32]) -> Result<u32, String> {
+        if let Some(id) = probs.iter().position(|p| p.is_nan()) {
+            return Err(format!("it holds NaN (first at token id {id})"));
+        }
         match &self.decoding {
-            Decoding::Greedy => argmax(probs),
+            Decoding::Greedy => Ok(argmax(probs)),
             Decoding::Sample {
                 temperature,
                 top_k,
                 top_p,
                 ..
             } => {
+                if let Some(id) = probs.iter().position(|p| *p < 0.0 || p.is_infinite()) {
+                    return Err(format!(
+                        "it holds {} at token id {id}; sampling needs finite non-negative \
+                         probabilities",
+                        probs[id]
+                    ));
+                }
                 let kept = warp(probs, *temperature, *top_k, *top_p);
                 let total: f32 = kept.iter().map(|(_, p)| p).sum();
+                if !(total > 0.0 && total.is_finite()) {
+                    return Err(format!(
+                        "the probabilities kept for sampling sum to {total}, not a positive \
+                         finite number"
+                    ));
+                }
                 let mut target = self.rng.f32() * total;
                 for (id, p) in &kept {
                     if target < *p {
-                        return *id;
+                        return Ok(*id);
                     }
                     target -= p;
                 }
-                kept.last().map_or_else(|| argmax(probs), |(id, _)| *id)
+                Ok(kept.last().map_or_else(|| argmax(probs), |(id, _)| *id))
             }
         }
     }
@@ -199,13 +264,64 @@ mod tests {
     fn defaults_come_from_the_generation_config_first() {
         let generation = json!({"eos_token_id": [7, 9], "do_sample": true, "top_k": 3});
         let config = json!({"eos_token_id": 1, "pad_token_id": 2});
-        let parsed = GenerationConfig::from_json(Some(&generation), &config);
+        let (generation_path, config_path) = (Path::new("g.json"), Path::new("c.json"));
+        let parsed = GenerationConfig::from_json(
+            Some((generation_path, &generation)),
+            (config_path, &config),
+        )
+        .unwrap();
         assert_eq!(parsed.eos_token_ids, [7, 9]);
         assert_eq!(parsed.pad_token_id, 2);
         assert!(matches!(parsed.decoding, Decoding::Sample { top_k: 3, .. }));
-        let greedy = GenerationConfig::from_json(None, &json!({"eos_token_id": 5}));
+        let greedy =
+            GenerationConfig::from_json(None, (config_path, &json!({"eos_token_id": 5}))).unwrap();
         assert_eq!(greedy.decoding, Decoding::Greedy);
         assert_eq!(greedy.pad_token_id, 5);
+    }
+
+    #[test]
+    fn wrongly_typed_values_name_the_file_and_key() {
+        let path = Path::new("generation_config.json");
+        let config = (Path::new("config.json"), &json!({}));
+        for (bad, key) in [
+            (json!({"eos_token_id": "five"}), "eos_token_id"),
+            (json!({"eos_token_id": [1, -2]}), "eos_token_id"),
+            (json!({"do_sample": "yes"}), "do_sample"),
+            (json!({"temperature": "hot"}), "temperature"),
+            (json!({"do_sample": true, "top_k": 2.5}), "top_k"),
+            (json!({"pad_token_id": 1e20}), "pad_token_id"),
+        ] {
+            let error = GenerationConfig::from_json(Some((path, &bad)), config)
+                .unwrap_err()
+                .to_string();
+            assert!(
+                error.contains(&format!("generation_config.json: `{key}` must be")),
+                "{error}"
+            );
+        }
+    }
+
+    #[test]
+    fn degenerate_distributions_are_refused_when_sampling() {
+        let sample = Decoding::Sample {
+            temperature: 1.0,
+            top_k: 0,
+            top_p: 1.0,
+            seed: 1,
+        };
+        let mut picker = TokenPicker::new(&sample);
+        let zeros = picker.pick(&[0.0; 4]).unwrap_err();
+        assert!(zeros.contains("sum to 0"), "{zeros}");
+        assert!(picker.pick(&[0.5, f32::NAN]).unwrap_err().contains("NaN"));
+        assert!(picker.pick(&[0.5, -0.5]).unwrap_err().contains("-0.5"));
+        assert!(picker.pick(&[0.5, f32::INFINITY]).is_err());
+        let mut greedy = TokenPicker::new(&Decoding::Greedy);
+        assert_eq!(
+            greedy.pick(&[0.0; 4]),
+            Ok(0),
+            "greedy takes the first of equal values"
+        );
+        assert!(greedy.pick(&[0.5, f32::NAN]).is_err());
     }
 
     #[test]
@@ -234,7 +350,9 @@ mod tests {
         let probs = [0.25, 0.25, 0.25, 0.25];
         let draw = || {
             let mut picker = TokenPicker::new(&sample);
-            (0..32).map(|_| picker.pick(&probs)).collect::<Vec<_>>()
+            (0..32)
+                .map(|_| picker.pick(&probs).unwrap())
+                .collect::<Vec<_>>()
         };
         let first = draw();
         assert_eq!(first, draw());

@@ -108,6 +108,16 @@ pub enum Error {
         /// The cause.
         source: serde_json::Error,
     },
+    /// A config value of the wrong type, or a required one missing.
+    #[error("{}: {}{source}", .path.display(), key_prefix(.key))]
+    ConfigValue {
+        /// The config file.
+        path: PathBuf,
+        /// The key, as a path (`rope_scaling.factor`; `.` for the whole file).
+        key: String,
+        /// What is wrong with it.
+        source: serde_json::Error,
+    },
     /// A config value that the adapter cannot run.
     #[error("{}: unsupported configuration: {message}", .path.display())]
     UnsupportedConfig {
@@ -145,7 +155,7 @@ pub enum Error {
     Tokenize(String),
     /// No registered architecture serves this checkpoint.
     #[error(
-        "no registered architecture handles model_type `{model_type}` (architectures: {architectures:?}); registered: {registered}"
+        "no registered architecture handles model_type `{model_type}` (architectures: {architectures:?}); registered: {registered}. An architecture built as a plugin library loads with --plugin PATH (Rust: `hookscope::plugin::load`)"
     )]
     UnknownArchitecture {
         /// `config.json`'s `model_type`.
@@ -200,9 +210,36 @@ pub enum Error {
         /// What the layer holds.
         found: &'static str,
     },
+    /// A job that needs more memory than the machine has available.
+    #[error(
+        "{what} needs about {} of memory, and this machine has {} available{hint}",
+        human_bytes(*.needed),
+        human_bytes(*.available)
+    )]
+    InsufficientMemory {
+        /// What would need the memory.
+        what: String,
+        /// Bytes it needs (an estimate).
+        needed: usize,
+        /// Bytes available (`MemAvailable`).
+        available: usize,
+        /// What the user can do about it (empty, or starting with `; `).
+        hint: String,
+    },
+    /// Non-finite values where a distribution or logits must be finite.
+    #[error("{0}")]
+    NonFinite(String),
     /// A tensor operation failed on the device.
     #[error("tensor backend: {0}")]
     Backend(String),
+}
+
+/// `` `key`: `` before a config error, nothing for the whole file (`.`).
+fn key_prefix(key: &str) -> String {
+    match key {
+        "." | "" => String::new(),
+        key => format!("`{key}`: "),
+    }
 }
 
 fn suggestion_suffix(suggestion: &Option<String>) -> String {
@@ -210,6 +247,18 @@ fn suggestion_suffix(suggestion: &Option<String>) -> String {
         Some(name) => format!("; did you mean `{name}`?"),
         None => String::new(),
     }
+}
+
+/// A byte count for messages: `1.8 GB`, `512.0 MB`, `900 bytes`.
+pub fn human_bytes(bytes: usize) -> String {
+    const UNITS: [(&str, f64); 3] = [("TB", 1e12), ("GB", 1e9), ("MB", 1e6)];
+    UNITS
+        .iter()
+        .find(|(_, size)| bytes as f64 >= *size)
+        .map_or_else(
+            || format!("{bytes} bytes"),
+            |(unit, size)| format!("{:.1} {unit}", bytes as f64 / size),
+        )
 }
 
 /// hookscope's result type.

@@ -124,7 +124,13 @@ impl Model {
                 let token = if ended[row] {
                     config.pad_token_id
                 } else {
-                    picker.pick(row_probs)
+                    picker.pick(row_probs).map_err(|reason| {
+                        Error::NonFinite(format!(
+                            "step {steps}, row {row}: cannot pick a token from \
+                             `next_token_probs`: {reason} (a write at this step may have \
+                             zeroed or corrupted it)"
+                        ))
+                    })?
                 };
                 ended[row] |= config.eos_token_ids.contains(&token);
                 ids[row].push(token);

@@ -33,8 +33,42 @@ pub fn keep_freed_memory() -> bool {
     }
 }
 
+/// Memory the OS can still give this process without swapping (`MemAvailable` in
+/// `/proc/meminfo`), or `None` where that is not known.
+pub fn available_bytes() -> Option<usize> {
+    let meminfo = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = meminfo.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: usize = line.split_whitespace().nth(1)?.parse().ok()?;
+    kib.checked_mul(1024)
+}
+
+/// Refuses a job whose estimated memory exceeds what is available; `what` names the job in
+/// the error and `hint` (empty or `; ...`) says what to do instead.
+pub fn ensure_fits(what: impl FnOnce() -> String, needed: usize, hint: &str) -> crate::Result<()> {
+    match available_bytes() {
+        Some(available) if needed > available => Err(crate::Error::InsufficientMemory {
+            what: what(),
+            needed,
+            available,
+            hint: hint.to_string(),
+        }),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(all(test, target_os = "linux", target_env = "gnu"))]
 mod tests {
+    #[test]
+    fn available_memory_is_read_and_huge_jobs_are_refused() {
+        assert!(super::available_bytes().is_some_and(|bytes| bytes > 0));
+        let refused = super::ensure_fits(|| "a test job".into(), usize::MAX, "").unwrap_err();
+        assert!(
+            refused.to_string().starts_with("a test job needs about"),
+            "{refused}"
+        );
+        assert!(super::ensure_fits(|| "a small job".into(), 1, "").is_ok());
+    }
+
     #[test]
     fn glibc_accepts_the_settings() {
         assert!(super::keep_freed_memory());

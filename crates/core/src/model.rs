@@ -73,15 +73,36 @@ impl Model {
         let config = source.config()?;
         let arch = registry::find(&config)?;
         let checkpoint = source.checkpoint()?;
+        crate::memory::ensure_fits(
+            || format!("loading {} as f32", source.origin().display()),
+            checkpoint.f32_bytes(),
+            "",
+        )?;
         let mut loader = WeightLoader::new(&checkpoint, device);
         let network = (arch.load)(&config, &mut loader)?;
-        let load_report = loader.finish()?;
-        let generation =
-            GenerationConfig::from_json(source.generation_config()?.as_ref(), &config.json);
+        let mut load_report = loader.finish()?;
+        let tokenizer = source.tokenizer()?;
+        let vocab = network.layout().vocab;
+        if let Some(known) = tokenizer.as_ref().map(Tokenizer::vocab_size)
+            && known < vocab
+        {
+            load_report.notes.push(format!(
+                "tokenizer.json knows {known} tokens but the model's vocabulary has {vocab}: ids \
+                 {known}..{vocab} have no text and decode to nothing"
+            ));
+        }
+        let generation_path = source.origin().join("generation_config.json");
+        let generation_json = source.generation_config()?;
+        let generation = GenerationConfig::from_json(
+            generation_json
+                .as_ref()
+                .map(|json| (generation_path.as_path(), json)),
+            (&config.path, &config.json),
+        )?;
         Ok(Model {
             arch,
             network,
-            tokenizer: source.tokenizer()?,
+            tokenizer,
             generation,
             device: device.clone(),
             load_report,
@@ -122,7 +143,7 @@ impl Model {
             arch,
             network,
             tokenizer: None,
-            generation: GenerationConfig::from_json(None, &config.json),
+            generation: GenerationConfig::from_json(None, (&config.path, &config.json))?,
             device: device.clone(),
             load_report: loader.finish()?,
         })
@@ -273,9 +294,38 @@ impl Model {
             .clone()
             .slice_dim(1, tokens - 1..tokens)
             .reshape([batch, vocab]);
+        check_finite_logits(&last, feed.step)?;
         let next_token_probs = call.visit(Site::NextTokenProbs, activation::softmax(last, 1))?;
         Ok((logits, next_token_probs))
     }
+}
+
+/// Refuses last-position logits holding NaN or `+inf`, or with no finite value in a row:
+/// what broken weights, a negative norm epsilon or a corrupting write produce, which would
+/// otherwise print meaningless tokens. `-inf` (a banned token) is allowed.
+fn check_finite_logits(last: &Tensor<2>, step: usize) -> Result<()> {
+    let [_, vocab] = last.dims();
+    let values = last
+        .to_data()
+        .convert::<f32>()
+        .try_into_vec::<f32>()
+        .map_err(|e| Error::Backend(format!("{e:?}")))?;
+    for (row, logits) in values.chunks(vocab.max(1)).enumerate() {
+        let bad = logits
+            .iter()
+            .position(|v| v.is_nan() || *v == f32::INFINITY)
+            .map(|id| format!("{} at token id {id}", logits[id]))
+            .or_else(|| {
+                (!logits.iter().any(|v| v.is_finite())).then(|| "no finite value".to_string())
+            });
+        if let Some(bad) = bad {
+            return Err(Error::NonFinite(format!(
+                "step {step}, row {row}: the logits at the last position hold {bad}; check the \
+                 weights, the norm epsilons in config.json, and any write made at this step"
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// Refuses token ids written to `input_ids` that fall outside the vocabulary, before they index

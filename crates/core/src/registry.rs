@@ -54,6 +54,9 @@ pub fn add(arch: &'static Architecture) -> std::result::Result<(), String> {
 
 /// The architecture that serves `config`: by `model_type`, else by `architectures`.
 pub fn find(config: &ArchConfig) -> Result<&'static Architecture> {
+    if let Some(model_type) = config.json.get("model_type").filter(|v| !v.is_string()) {
+        return Err(config.unsupported(format!("`model_type` must be a string, got {model_type}")));
+    }
     let all = registered();
     let by_type = config.model_type().and_then(|model_type| {
         all.iter()

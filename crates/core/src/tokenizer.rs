@@ -36,6 +36,11 @@ impl Tokenizer {
         Ok(Tokenizer { inner })
     }
 
+    /// Number of tokens it knows, added tokens included.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
     /// Token ids of `text`, without special tokens added.
     pub fn encode(&self, text: &str) -> Result<Vec<u32>> {
         let encoding = self

@@ -126,20 +126,20 @@ impl GptNeox {
         let rotary_dims = (head_dim as f64 * fraction) as usize;
         let eps = config.layer_norm_eps;
         let bias = config.attention_bias;
-        let embed_in = Embedding::load(loader, "gpt_neox.embed_in.weight", config.vocab_size, h);
+        let embed_in = Embedding::load(loader, "gpt_neox.embed_in.weight", config.vocab_size, h)?;
         let blocks = (0..config.num_hidden_layers)
             .map(|i| {
                 let name = |rest: &str| format!("gpt_neox.layers.{i}.{rest}");
-                Block {
-                    input_norm: LayerNorm::load(loader, &name("input_layernorm"), h, eps),
+                Ok(Block {
+                    input_norm: LayerNorm::load(loader, &name("input_layernorm"), h, eps)?,
                     qkv: Linear::load_torch(
                         loader,
                         &name("attention.query_key_value"),
                         h,
                         3 * h,
                         bias,
-                    ),
-                    dense: Linear::load_torch(loader, &name("attention.dense"), h, h, bias),
+                    )?,
+                    dense: Linear::load_torch(loader, &name("attention.dense"), h, h, bias)?,
                     attention: SoftmaxAttention {
                         layer: i,
                         heads,
@@ -152,26 +152,26 @@ impl GptNeox {
                         &name("post_attention_layernorm"),
                         h,
                         eps,
-                    ),
+                    )?,
                     up: Linear::load_torch(
                         loader,
                         &name("mlp.dense_h_to_4h"),
                         h,
                         config.intermediate_size,
                         true,
-                    ),
+                    )?,
                     down: Linear::load_torch(
                         loader,
                         &name("mlp.dense_4h_to_h"),
                         config.intermediate_size,
                         h,
                         true,
-                    ),
-                }
+                    )?,
+                })
             })
-            .collect();
-        let final_norm = LayerNorm::load(loader, "gpt_neox.final_layer_norm", h, eps);
-        let embed_out = Linear::head(loader, "embed_out", &embed_in, config.tie_word_embeddings);
+            .collect::<Result<_>>()?;
+        let final_norm = LayerNorm::load(loader, "gpt_neox.final_layer_norm", h, eps)?;
+        let embed_out = Linear::head(loader, "embed_out", &embed_in, config.tie_word_embeddings)?;
         let layer = LayerSpec::attention(heads, heads, head_dim);
         Ok(GptNeox {
             layout: ModelLayout::uniform(h, config.vocab_size, layer, config.num_hidden_layers),

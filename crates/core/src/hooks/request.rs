@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use super::value::SiteValue;
 use crate::error::{Error, Result};
-use crate::schema::{ModelLayout, Site};
+use crate::schema::{CallDims, ModelLayout, Site};
 
 /// The calls a request binds to. Step 0 is the prompt call; a request that names no steps binds
 /// to step 0.
@@ -34,6 +34,15 @@ impl Steps {
             Steps::At(at) => *at == step,
             Steps::Range(range) => range.contains(&step),
             Steps::All => true,
+        }
+    }
+
+    /// Whether the request applies at any step of `steps`.
+    pub fn overlaps(&self, steps: Range<usize>) -> bool {
+        match self {
+            Steps::At(at) => steps.contains(at),
+            Steps::Range(range) => range.start.max(steps.start) < range.end.min(steps.end),
+            Steps::All => !steps.is_empty(),
         }
     }
 
@@ -230,6 +239,60 @@ impl Interventions {
         &self.requests
     }
 
+    /// Bytes the values saved by a run of `steps` calls on `batch` prompts of `prompt_len`
+    /// tokens will take at most (every value counted as 4-byte elements, 8 for `input_ids`),
+    /// from the schema's shape table; `None` if the count overflows. A generation that stops
+    /// early at EOS saves less.
+    pub fn saved_bytes(
+        &self,
+        layout: &ModelLayout,
+        (batch, prompt_len): (usize, usize),
+        steps: usize,
+    ) -> Option<usize> {
+        let mut total: u128 = 0;
+        for request in self
+            .requests
+            .iter()
+            .filter(|r| matches!(r.action, Action::Save))
+        {
+            let end = match &request.steps {
+                Steps::At(step) => step.checked_add(1)?,
+                Steps::Range(range) => range.end,
+                Steps::All => steps,
+            }
+            .min(steps);
+            let start = request.steps.first();
+            if start >= end {
+                continue;
+            }
+            let element: u128 = if request.site == Site::InputIds { 8 } else { 4 };
+            let bytes_at = |step: usize| -> Option<u128> {
+                let positions = prompt_len.checked_add(step)?;
+                let dims = CallDims {
+                    batch,
+                    tokens: if step == 0 { prompt_len } else { 1 },
+                    positions,
+                };
+                let shape = layout.shape(request.site, dims);
+                shape
+                    .iter()
+                    .try_fold(element, |n, &d| n.checked_mul(d as u128))
+            };
+            if start == 0 {
+                total = total.checked_add(bytes_at(0)?)?;
+            }
+            // Decode steps differ only in the cache length, so their sizes grow linearly with
+            // the step: the sum over the range is its count times the mean of its ends.
+            let (first, last) = (start.max(1), end - 1);
+            if first <= last {
+                let count = (last - first + 1) as u128;
+                let ends = bytes_at(first)?.checked_add(bytes_at(last)?)?;
+                total = total.checked_add(count.checked_mul(ends)? / 2)?;
+            }
+        }
+        usize::try_from(total).ok()
+    }
+
     /// Whether nothing is requested.
     pub fn is_empty(&self) -> bool {
         self.requests.is_empty()
@@ -306,5 +369,13 @@ mod tests {
         for bad in ["", "x", "3:1", "2:2", "-1", "1:2:3"] {
             assert!(Steps::parse(bad).is_err(), "{bad}");
         }
+    }
+
+    #[test]
+    fn steps_overlap_ranges_of_steps() {
+        assert!(Steps::At(3).overlaps(2..4) && !Steps::At(4).overlaps(2..4));
+        assert!(Steps::Range(1..3).overlaps(2..usize::MAX));
+        assert!(!Steps::Range(1..3).overlaps(3..9));
+        assert!(Steps::All.overlaps(5..6) && !Steps::All.overlaps(5..5));
     }
 }

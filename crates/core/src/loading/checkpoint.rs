@@ -125,13 +125,14 @@ impl Checkpoint {
                     path: path.clone(),
                     message: e.to_string(),
                 })?;
+            let data_start = 8 + header_len;
             for name in metadata.tensors().keys() {
                 names.insert(name.clone(), index);
             }
             shards.push(Shard {
                 path,
                 bytes,
-                data_start: 8 + header_len,
+                data_start,
                 metadata,
             });
         }
@@ -152,6 +153,17 @@ impl Checkpoint {
         let mut names: Vec<&str> = self.names.keys().map(String::as_str).collect();
         names.sort_unstable();
         names
+    }
+
+    /// Bytes the stored weights take once converted to f32 (what a load allocates).
+    pub fn f32_bytes(&self) -> usize {
+        self.shards
+            .iter()
+            .flat_map(|shard| shard.metadata.tensors().into_values())
+            .map(|info| info.shape.iter().product::<usize>())
+            .fold(0usize, |total, elements| {
+                total.saturating_add(elements.saturating_mul(std::mem::size_of::<f32>()))
+            })
     }
 
     /// Reads one weight as f32 with its shape.
@@ -201,6 +213,25 @@ pub struct WeightLoader<'a> {
     problems: Vec<String>,
     notes: Vec<String>,
     parameters: usize,
+    /// Bytes of zero placeholders handed out for missing or misshapen weights.
+    placeholder_bytes: usize,
+}
+
+/// Most bytes of zero placeholders (stand-ins for missing or misshapen weights, sized from the
+/// config) a failing load allocates before it stops.
+pub const PLACEHOLDER_BUDGET: usize = 256 << 20;
+
+/// Most problems an error lists; the rest are counted.
+const LISTED_PROBLEMS: usize = 32;
+
+/// The first [`LISTED_PROBLEMS`] problems, and a count of the rest.
+fn listed(mut problems: Vec<String>) -> Vec<String> {
+    if problems.len() > LISTED_PROBLEMS {
+        let more = problems.len() - LISTED_PROBLEMS;
+        problems.truncate(LISTED_PROBLEMS);
+        problems.push(format!("  ... and {more} more"));
+    }
+    problems
 }
 
 /// What loading did with the checkpoint.
@@ -235,6 +266,23 @@ impl<'a> WeightLoader<'a> {
             problems: Vec::new(),
             notes: Vec::new(),
             parameters: 0,
+            placeholder_bytes: 0,
+        }
+    }
+
+    /// Records a problem the adapter found with the config or checkpoint; it is listed with the
+    /// weight problems and fails the load at [`WeightLoader::finish`].
+    pub fn problem(&mut self, message: impl Into<String>) {
+        self.problems.push(format!("  {}", message.into()));
+    }
+
+    /// Ends the load at a config value no weight can make sense of: the error lists the problems
+    /// found so far and this one.
+    pub fn refuse(&mut self, message: impl Into<String>) -> Error {
+        self.problem(message);
+        Error::Weights {
+            path: self.origin(),
+            problems: listed(std::mem::take(&mut self.problems)),
         }
     }
 
@@ -251,47 +299,109 @@ impl<'a> WeightLoader<'a> {
         }
     }
 
-    /// The weight `name`, which must have `shape`. A missing or misshapen weight is recorded and
-    /// a zero placeholder returned, so that [`WeightLoader::finish`] can list every problem.
-    pub fn tensor<const D: usize>(&mut self, name: &str, shape: [usize; D]) -> Tensor<D> {
+    /// The prefix under which this checkpoint stores its weights, among `candidates` (e.g.
+    /// `["transformer.", ""]`): the candidate that begins the most stored names, each name
+    /// counted for the longest candidate it starts with (ties: the earlier candidate). Deciding
+    /// from every name, not one probe weight, keeps one missing weight from being reported
+    /// under the wrong prefix along with every other weight.
+    pub fn prefix<'p>(&self, candidates: &[&'p str]) -> &'p str {
+        let WeightSource::Checkpoint(checkpoint) = &self.source else {
+            return candidates.first().copied().unwrap_or("");
+        };
+        let mut counts = vec![0usize; candidates.len()];
+        for name in checkpoint.names.keys() {
+            let longest = candidates
+                .iter()
+                .enumerate()
+                .filter(|(_, prefix)| name.starts_with(*prefix))
+                .max_by_key(|(index, prefix)| (prefix.len(), std::cmp::Reverse(*index)));
+            if let Some((index, _)) = longest {
+                counts[index] += 1;
+            }
+        }
+        let best = (0..candidates.len()).max_by_key(|&i| (counts[i], std::cmp::Reverse(i)));
+        best.map_or("", |i| candidates[i])
+    }
+
+    /// The weight `name`, which must have `shape` and hold only finite values.
+    ///
+    /// A missing, misshapen or non-finite weight is recorded and a zero placeholder returned,
+    /// so that [`WeightLoader::finish`] can list every problem at once. Placeholders are sized
+    /// from the config, which may be corrupt: once they would exceed [`PLACEHOLDER_BUDGET`]
+    /// bytes (or a shape's size overflows), loading stops with the problems found so far,
+    /// before allocating anything from the untrusted sizes.
+    pub fn tensor<const D: usize>(&mut self, name: &str, shape: [usize; D]) -> Result<Tensor<D>> {
+        let Some(elements) = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) else {
+            self.problems
+                .push(format!("  `{name}`: expected shape {shape:?} overflows"));
+            return Err(self.stopped());
+        };
         let read = match &self.source {
             WeightSource::Checkpoint(checkpoint) => checkpoint.read(name),
             WeightSource::Random { seed } => {
                 Ok((random_values(*seed, name, &shape), shape.to_vec()))
             }
         };
-        match read {
+        let problem = match read {
             Ok((values, stored)) if stored == shape => {
                 self.used.insert(name.to_string());
-                self.parameters += values.len();
-                Tensor::from_data(TensorData::new(values, shape), &self.device)
+                match values.iter().position(|v| !v.is_finite()) {
+                    None => {
+                        self.parameters += values.len();
+                        return Ok(Tensor::from_data(
+                            TensorData::new(values, shape),
+                            &self.device,
+                        ));
+                    }
+                    Some(index) => format!(
+                        "  `{name}` holds a non-finite value ({}) at flat index {index}",
+                        values[index]
+                    ),
+                }
             }
             Ok((_, stored)) => {
                 self.used.insert(name.to_string());
-                self.problems.push(format!(
-                    "  `{name}` has shape {stored:?}, expected {shape:?}"
-                ));
-                Tensor::zeros(shape, &self.device)
+                format!("  `{name}` has shape {stored:?}, expected {shape:?} from the config")
             }
-            Err(reason) => {
-                self.problems.push(format!("  `{name}`: {reason}"));
-                Tensor::zeros(shape, &self.device)
-            }
+            Err(reason) => format!("  `{name}`: {reason}"),
+        };
+        self.problems.push(problem);
+        self.placeholder_bytes = self
+            .placeholder_bytes
+            .saturating_add(elements.saturating_mul(std::mem::size_of::<f32>()));
+        if self.placeholder_bytes > PLACEHOLDER_BUDGET {
+            return Err(self.stopped());
+        }
+        Ok(Tensor::zeros(shape, &self.device))
+    }
+
+    /// The error that ends a load early: every problem so far, and why it stopped.
+    fn stopped(&mut self) -> Error {
+        self.refuse(
+            "(loading stopped here: the config's sizes do not match the checkpoint; check \
+             config.json)",
+        )
+    }
+
+    fn origin(&self) -> PathBuf {
+        match &self.source {
+            WeightSource::Checkpoint(checkpoint) => checkpoint.origin.clone(),
+            WeightSource::Random { .. } => PathBuf::from("<random weights>"),
         }
     }
 
     /// Finishes loading: an error listing every problem, or a report of unused weights.
     pub fn finish(self) -> Result<LoadReport> {
-        let (origin, stored) = match &self.source {
-            WeightSource::Checkpoint(checkpoint) => (checkpoint.origin.clone(), checkpoint.names()),
-            WeightSource::Random { .. } => (PathBuf::from("<random weights>"), Vec::new()),
-        };
         if !self.problems.is_empty() {
             return Err(Error::Weights {
-                path: origin,
-                problems: self.problems,
+                path: self.origin(),
+                problems: listed(self.problems),
             });
         }
+        let stored = match &self.source {
+            WeightSource::Checkpoint(checkpoint) => checkpoint.names(),
+            WeightSource::Random { .. } => Vec::new(),
+        };
         let unused = stored
             .into_iter()
             .filter(|name| !self.used.contains(*name))

@@ -213,11 +213,19 @@ impl ArchConfig {
             .unwrap_or_default()
     }
 
-    /// Deserialises the config into an adapter's own config type.
+    /// Deserialises the config into an adapter's own config type, after refusing any integer
+    /// beyond [`MAX_CONFIG_INTEGER`] (so that products of two config sizes cannot overflow).
     pub fn parse<T: DeserializeOwned>(&self) -> Result<T> {
-        T::deserialize(&self.json).map_err(|source| Error::Json {
+        if let Some((key, value)) = oversized_integer(&self.json, String::new()) {
+            return Err(self.unsupported(format!(
+                "`{key}` is {value}, beyond any size a model can have (at most \
+                 {MAX_CONFIG_INTEGER})"
+            )));
+        }
+        serde_path_to_error::deserialize(&self.json).map_err(|error| Error::ConfigValue {
             path: self.path.clone(),
-            source,
+            key: error.path().to_string(),
+            source: error.into_inner(),
         })
     }
 
@@ -227,5 +235,56 @@ impl ArchConfig {
             path: self.path.clone(),
             message: message.into(),
         }
+    }
+}
+
+/// The largest integer a `config.json` may hold: 2^31 - 1, far beyond any real model size or
+/// token id, small enough that the product of two such sizes fits in 64 bits.
+pub const MAX_CONFIG_INTEGER: u64 = i32::MAX as u64;
+
+/// The first integer in `json` whose magnitude exceeds [`MAX_CONFIG_INTEGER`], with its key
+/// path (`rope_scaling.factor`, `layer_types[3]`).
+fn oversized_integer(json: &Value, path: String) -> Option<(String, String)> {
+    let join = |key: &str| match path.is_empty() {
+        true => key.to_string(),
+        false => format!("{path}.{key}"),
+    };
+    match json {
+        Value::Number(n) => {
+            let too_big = match (n.as_u64(), n.as_i64()) {
+                (Some(value), _) => value > MAX_CONFIG_INTEGER,
+                (None, Some(value)) => value.unsigned_abs() > MAX_CONFIG_INTEGER,
+                (None, None) => false,
+            };
+            too_big.then(|| (path, n.to_string()))
+        }
+        Value::Object(fields) => fields
+            .iter()
+            .find_map(|(key, value)| oversized_integer(value, join(key))),
+        Value::Array(items) => items
+            .iter()
+            .enumerate()
+            .find_map(|(i, value)| oversized_integer(value, format!("{path}[{i}]"))),
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn oversized_integers_are_named_by_their_key_path() {
+        let config = ArchConfig {
+            path: PathBuf::from("config.json"),
+            json: serde_json::json!({"n_embd": 32, "rope": {"sizes": [1, 4000000000u64]}}),
+        };
+        let error = config.parse::<Value>().unwrap_err().to_string();
+        assert!(error.contains("`rope.sizes[1]` is 4000000000"), "{error}");
+        let fine = ArchConfig {
+            path: PathBuf::from("config.json"),
+            json: serde_json::json!({"n_embd": 32, "eps": 1e30}),
+        };
+        assert!(fine.parse::<Value>().is_ok());
     }
 }

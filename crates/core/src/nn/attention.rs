@@ -147,7 +147,11 @@ pub struct ProjectedAttention {
 impl ProjectedAttention {
     /// Loads `{name}.q_proj` ... `{name}.o_proj` (torch layouts); scores scale by
     /// `1/sqrt(head_dim)`.
-    pub fn load(loader: &mut WeightLoader<'_>, name: &str, spec: &ProjectedAttentionSpec) -> Self {
+    pub fn load(
+        loader: &mut WeightLoader<'_>,
+        name: &str,
+        spec: &ProjectedAttentionSpec,
+    ) -> Result<Self> {
         let ProjectedAttentionSpec {
             layer,
             hidden,
@@ -160,25 +164,28 @@ impl ProjectedAttention {
             output_gate,
         } = *spec;
         let query_width = if output_gate { 2 } else { 1 } * heads * head_dim;
-        let qk_norm = qk_norm.map(|QkNorm { eps, unit_offset }| {
-            let mut norm = |part: &str| {
-                let name = format!("{name}.{part}");
-                if unit_offset {
-                    RmsNorm::load_unit_offset(loader, &name, head_dim, eps)
-                } else {
-                    RmsNorm::load(loader, &name, head_dim, eps)
-                }
-            };
-            (norm("q_norm"), norm("k_norm"))
-        });
+        let qk_norm = match qk_norm {
+            None => None,
+            Some(QkNorm { eps, unit_offset }) => {
+                let mut norm = |part: &str| {
+                    let name = format!("{name}.{part}");
+                    if unit_offset {
+                        RmsNorm::load_unit_offset(loader, &name, head_dim, eps)
+                    } else {
+                        RmsNorm::load(loader, &name, head_dim, eps)
+                    }
+                };
+                Some((norm("q_norm")?, norm("k_norm")?))
+            }
+        };
         let mut linear = |part: &str, d_in, d_out, bias| {
             Linear::load_torch(loader, &format!("{name}.{part}"), d_in, d_out, bias)
         };
-        ProjectedAttention {
-            q_proj: linear("q_proj", hidden, query_width, qkv_bias),
-            k_proj: linear("k_proj", hidden, kv_heads * head_dim, qkv_bias),
-            v_proj: linear("v_proj", hidden, kv_heads * head_dim, qkv_bias),
-            o_proj: linear("o_proj", heads * head_dim, hidden, o_bias),
+        Ok(ProjectedAttention {
+            q_proj: linear("q_proj", hidden, query_width, qkv_bias)?,
+            k_proj: linear("k_proj", hidden, kv_heads * head_dim, qkv_bias)?,
+            v_proj: linear("v_proj", hidden, kv_heads * head_dim, qkv_bias)?,
+            o_proj: linear("o_proj", heads * head_dim, hidden, o_bias)?,
             qk_norm,
             output_gate,
             attention: SoftmaxAttention {
@@ -188,7 +195,7 @@ impl ProjectedAttention {
                 head_dim,
                 scale: (head_dim as f64).powf(-0.5),
             },
-        }
+        })
     }
 
     /// Attends normalised `x` `[B, T, H]` with the call's rotary `(cos, sin)` (see

@@ -7,6 +7,7 @@
 
 use burn::tensor::Tensor;
 
+use crate::error::Result;
 use crate::loading::WeightLoader;
 
 /// A per-channel convolution over the last `kernel` positions.
@@ -28,14 +29,23 @@ impl CausalConv1d {
         channels: usize,
         kernel: usize,
         bias: bool,
-    ) -> Self {
-        let weight: Tensor<3> = loader.tensor(&format!("{name}.weight"), [channels, 1, kernel]);
-        CausalConv1d {
+    ) -> Result<Self> {
+        if kernel == 0 {
+            return Err(loader.refuse(format!(
+                "`{name}`: the config's convolution kernel size is 0"
+            )));
+        }
+        let weight: Tensor<3> = loader.tensor(&format!("{name}.weight"), [channels, 1, kernel])?;
+        let bias = match bias {
+            true => Some(loader.tensor(&format!("{name}.bias"), [channels])?),
+            false => None,
+        };
+        Ok(CausalConv1d {
             taps: weight.reshape([channels, kernel]).transpose(),
-            bias: bias.then(|| loader.tensor(&format!("{name}.bias"), [channels])),
+            bias,
             channels,
             kernel,
-        }
+        })
     }
 
     /// Convolves `x` `[B, T, channels]`, continuing from `window` (the last `kernel` inputs of

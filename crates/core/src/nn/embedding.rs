@@ -3,6 +3,7 @@
 use burn::tensor::module::embedding;
 use burn::tensor::{Int, Tensor};
 
+use crate::error::Result;
 use crate::loading::WeightLoader;
 
 /// A `[rows, size]` lookup table.
@@ -13,10 +14,15 @@ pub struct Embedding {
 
 impl Embedding {
     /// Loads `{name}` stored `[rows, size]`.
-    pub fn load(loader: &mut WeightLoader<'_>, name: &str, rows: usize, size: usize) -> Self {
-        Embedding {
-            table: loader.tensor(name, [rows, size]),
-        }
+    pub fn load(
+        loader: &mut WeightLoader<'_>,
+        name: &str,
+        rows: usize,
+        size: usize,
+    ) -> Result<Self> {
+        Ok(Embedding {
+            table: loader.tensor(name, [rows, size])?,
+        })
     }
 
     /// Rows for `[B, T]` indices: `[B, T, size]`.

@@ -8,6 +8,7 @@
 use burn::tensor::Tensor;
 
 use super::{Embedding, matvec};
+use crate::error::Result;
 use crate::loading::WeightLoader;
 
 /// An affine map; `weight` is an `[in, out]` view of the stored matrix.
@@ -24,11 +25,11 @@ impl Linear {
         name: &str,
         d_in: usize,
         d_out: usize,
-    ) -> Self {
-        Linear {
-            weight: loader.tensor(&format!("{name}.weight"), [d_in, d_out]),
-            bias: Some(loader.tensor(&format!("{name}.bias"), [d_out])),
-        }
+    ) -> Result<Self> {
+        Ok(Linear {
+            weight: loader.tensor(&format!("{name}.weight"), [d_in, d_out])?,
+            bias: Some(loader.tensor(&format!("{name}.bias"), [d_out])?),
+        })
     }
 
     /// Loads a torch `nn.Linear` (`{name}.weight` stored `[out, in]`), with its bias if `bias`.
@@ -38,12 +39,16 @@ impl Linear {
         d_in: usize,
         d_out: usize,
         bias: bool,
-    ) -> Self {
-        let weight: Tensor<2> = loader.tensor(&format!("{name}.weight"), [d_out, d_in]);
-        Linear {
+    ) -> Result<Self> {
+        let weight: Tensor<2> = loader.tensor(&format!("{name}.weight"), [d_out, d_in])?;
+        let bias = match bias {
+            true => Some(loader.tensor(&format!("{name}.bias"), [d_out])?),
+            false => None,
+        };
+        Ok(Linear {
             weight: weight.transpose(),
-            bias: bias.then(|| loader.tensor(&format!("{name}.bias"), [d_out])),
-        }
+            bias,
+        })
     }
 
     /// A bias-free map from an `[out, in]` matrix, e.g. a language-model head tied to the
@@ -62,10 +67,10 @@ impl Linear {
         name: &str,
         embeddings: &Embedding,
         tied: bool,
-    ) -> Self {
+    ) -> Result<Self> {
         let table = embeddings.table();
         if tied {
-            return Linear::from_out_in(table);
+            return Ok(Linear::from_out_in(table));
         }
         let [vocab, hidden] = table.dims();
         Linear::load_torch(loader, name, hidden, vocab, false)

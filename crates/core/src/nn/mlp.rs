@@ -3,6 +3,7 @@
 use burn::tensor::Tensor;
 
 use super::{Activation, Linear};
+use crate::error::Result;
 use crate::loading::WeightLoader;
 
 /// The sizes, biases and activation of a gated MLP.
@@ -39,19 +40,19 @@ impl GatedMlp {
     }
 
     /// Loads `{name}.gate_proj`, `{name}.up_proj` and `{name}.down_proj` (torch layouts).
-    pub fn load(loader: &mut WeightLoader<'_>, name: &str, spec: &GatedMlpSpec) -> Self {
+    pub fn load(loader: &mut WeightLoader<'_>, name: &str, spec: &GatedMlpSpec) -> Result<Self> {
         let GatedMlpSpec {
             hidden,
             inner,
             bias,
             activation,
         } = *spec;
-        GatedMlp {
-            gate: Linear::load_torch(loader, &format!("{name}.gate_proj"), hidden, inner, bias),
-            up: Linear::load_torch(loader, &format!("{name}.up_proj"), hidden, inner, bias),
-            down: Linear::load_torch(loader, &format!("{name}.down_proj"), inner, hidden, bias),
+        Ok(GatedMlp {
+            gate: Linear::load_torch(loader, &format!("{name}.gate_proj"), hidden, inner, bias)?,
+            up: Linear::load_torch(loader, &format!("{name}.up_proj"), hidden, inner, bias)?,
+            down: Linear::load_torch(loader, &format!("{name}.down_proj"), inner, hidden, bias)?,
             activation,
-        }
+        })
     }
 
     /// Applies the MLP to the last axis of `x` (`[B, T, H]`, or `[rows, H]`).

@@ -43,7 +43,7 @@ impl SparseMoe {
     /// (`{name}.experts.{e}.{gate,up,down}_proj.weight`) or fused
     /// (`{name}.experts.gate_up_proj` `[E, 2I, H]`, gate rows first, and
     /// `{name}.experts.down_proj` `[E, H, I]`), whichever the checkpoint stores.
-    pub fn load(loader: &mut WeightLoader<'_>, name: &str, spec: &MoeSpec) -> Self {
+    pub fn load(loader: &mut WeightLoader<'_>, name: &str, spec: &MoeSpec) -> Result<Self> {
         let MoeSpec {
             hidden,
             experts,
@@ -51,13 +51,20 @@ impl SparseMoe {
             activation,
             ..
         } = *spec;
+        if spec.top_k == 0 || spec.top_k > experts {
+            return Err(loader.refuse(format!(
+                "`{name}`: the config routes each token to {} of {experts} experts \
+                 (num_experts_per_tok must be between 1 and num_experts)",
+                spec.top_k
+            )));
+        }
         let fused = format!("{name}.experts.gate_up_proj");
         let experts = if loader.contains(&fused) {
-            let gate_up: Tensor<3> = loader.tensor(&fused, [experts, 2 * inner, hidden]);
+            let gate_up: Tensor<3> = loader.tensor(&fused, [experts, 2 * inner, hidden])?;
             let down: Tensor<3> = loader.tensor(
                 &format!("{name}.experts.down_proj"),
                 [experts, hidden, inner],
-            );
+            )?;
             (0..experts)
                 .map(|e| {
                     let slice = |t: &Tensor<3>, rows: std::ops::Range<usize>, cols: usize| {
@@ -85,38 +92,41 @@ impl SparseMoe {
             };
             (0..experts)
                 .map(|e| GatedMlp::load(loader, &format!("{name}.experts.{e}"), &mlp))
-                .collect()
+                .collect::<Result<_>>()?
         };
-        let shared = spec.shared_inner.map(|inner| {
-            let mlp = GatedMlpSpec {
-                hidden,
-                inner,
-                bias: false,
-                activation,
-            };
-            (
-                GatedMlp::load(loader, &format!("{name}.shared_expert"), &mlp),
-                Linear::load_torch(
-                    loader,
-                    &format!("{name}.shared_expert_gate"),
+        let shared = match spec.shared_inner {
+            None => None,
+            Some(inner) => {
+                let mlp = GatedMlpSpec {
                     hidden,
-                    1,
-                    false,
-                ),
-            )
-        });
-        SparseMoe {
+                    inner,
+                    bias: false,
+                    activation,
+                };
+                Some((
+                    GatedMlp::load(loader, &format!("{name}.shared_expert"), &mlp)?,
+                    Linear::load_torch(
+                        loader,
+                        &format!("{name}.shared_expert_gate"),
+                        hidden,
+                        1,
+                        false,
+                    )?,
+                ))
+            }
+        };
+        Ok(SparseMoe {
             router: Linear::load_torch(
                 loader,
                 &format!("{name}.gate"),
                 hidden,
                 spec.experts,
                 false,
-            ),
+            )?,
             experts,
             shared,
             spec: *spec,
-        }
+        })
     }
 
     /// The block on `x` `[B, T, H]`: routed experts plus the gated shared expert.

@@ -3,6 +3,7 @@
 use burn::tensor::Tensor;
 use burn::tensor::module::layer_norm;
 
+use crate::error::Result;
 use crate::loading::WeightLoader;
 
 /// LayerNorm over the last axis, with weight and bias.
@@ -15,12 +16,13 @@ pub struct LayerNorm {
 
 impl LayerNorm {
     /// Loads `{name}.weight` and `{name}.bias`.
-    pub fn load(loader: &mut WeightLoader<'_>, name: &str, size: usize, eps: f64) -> Self {
-        LayerNorm {
-            weight: loader.tensor(&format!("{name}.weight"), [size]),
-            bias: loader.tensor(&format!("{name}.bias"), [size]),
+    pub fn load(loader: &mut WeightLoader<'_>, name: &str, size: usize, eps: f64) -> Result<Self> {
+        check_eps(loader, name, eps);
+        Ok(LayerNorm {
+            weight: loader.tensor(&format!("{name}.weight"), [size])?,
+            bias: loader.tensor(&format!("{name}.bias"), [size])?,
             eps,
-        }
+        })
     }
 
     /// Normalises the last axis.
@@ -38,11 +40,12 @@ pub struct RmsNorm {
 
 impl RmsNorm {
     /// Loads `{name}.weight`.
-    pub fn load(loader: &mut WeightLoader<'_>, name: &str, size: usize, eps: f64) -> Self {
-        RmsNorm {
-            weight: loader.tensor(&format!("{name}.weight"), [size]),
+    pub fn load(loader: &mut WeightLoader<'_>, name: &str, size: usize, eps: f64) -> Result<Self> {
+        check_eps(loader, name, eps);
+        Ok(RmsNorm {
+            weight: loader.tensor(&format!("{name}.weight"), [size])?,
             eps,
-        }
+        })
     }
 
     /// Loads `{name}.weight` stored zero-centred, as Qwen3-Next and Qwen3.5 keep it: the
@@ -52,17 +55,27 @@ impl RmsNorm {
         name: &str,
         size: usize,
         eps: f64,
-    ) -> Self {
-        let stored: Tensor<1> = loader.tensor(&format!("{name}.weight"), [size]);
-        RmsNorm {
+    ) -> Result<Self> {
+        check_eps(loader, name, eps);
+        let stored: Tensor<1> = loader.tensor(&format!("{name}.weight"), [size])?;
+        Ok(RmsNorm {
             weight: stored + 1.0,
             eps,
-        }
+        })
     }
 
     /// Normalises the last axis.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         rms_normalise(x, self.eps) * self.weight.clone().unsqueeze()
+    }
+}
+
+/// Records a norm epsilon that is negative or not finite (it would turn every output NaN).
+fn check_eps(loader: &mut WeightLoader<'_>, name: &str, eps: f64) {
+    if !(eps.is_finite() && eps >= 0.0) {
+        loader.problem(format!(
+            "`{name}`: the config's norm epsilon is {eps}; it must be a finite number >= 0"
+        ));
     }
 }
 
@@ -89,12 +102,18 @@ impl GatedRmsNorm {
         size: usize,
         groups: usize,
         eps: f64,
-    ) -> Self {
-        GatedRmsNorm {
-            weight: loader.tensor(&format!("{name}.weight"), [size]),
-            groups,
-            eps,
+    ) -> Result<Self> {
+        check_eps(loader, name, eps);
+        if groups == 0 || !size.is_multiple_of(groups) {
+            loader.problem(format!(
+                "`{name}`: {size} channels do not split into {groups} groups"
+            ));
         }
+        Ok(GatedRmsNorm {
+            weight: loader.tensor(&format!("{name}.weight"), [size])?,
+            groups: groups.max(1),
+            eps,
+        })
     }
 
     /// Gates `x` `[B, T, size]` by `silu(gate)`, then normalises group by group.

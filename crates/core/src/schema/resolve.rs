@@ -58,11 +58,21 @@ impl ModelLayout {
     }
 
     fn closest_site(&self, name: &str) -> Option<String> {
-        // Compare against this model's sites, and against the same layer where one is named, so
-        // that `layers.3.atention_keys` suggests layer 3's keys.
-        self.call_order()
+        // A site whose last part is spelled right but sits under another path
+        // (`layers.1.self_attn.attention_output` for `layers.1.attention_output`) is the likely
+        // meaning; otherwise the nearest name by edit distance, so that
+        // `layers.3.atention_keys` suggests layer 3's keys.
+        let candidates: Vec<String> = self.call_order().iter().map(ToString::to_string).collect();
+        let last_part = |site: &str| site.rsplit('.').next().unwrap_or("").to_string();
+        let same_last_part = candidates
             .iter()
-            .map(ToString::to_string)
+            .filter(|candidate| last_part(candidate) == last_part(name))
+            .min_by_key(|candidate| strsim::levenshtein(name, candidate));
+        if let Some(candidate) = same_last_part {
+            return Some(candidate.clone());
+        }
+        candidates
+            .into_iter()
             .map(|candidate| (strsim::levenshtein(name, &candidate), candidate))
             .filter(|(distance, candidate)| *distance <= candidate.len().max(name.len()) / 3)
             .min_by_key(|(distance, _)| *distance)
@@ -91,6 +101,14 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "unknown site `layers.3.self_attn.atention_keys`; did you mean `layers.3.self_attn.attention_keys`?"
+        );
+        let err = gpt2_like(2)
+            .resolve("layers.1.self_attn.attention_output")
+            .unwrap_err();
+        assert!(
+            err.to_string()
+                .ends_with("did you mean `layers.1.attention_output`?"),
+            "{err}"
         );
         let err = gpt2_like(2).resolve("completely_wrong_thing").unwrap_err();
         assert!(matches!(
