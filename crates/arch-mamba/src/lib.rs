@@ -209,8 +209,11 @@ impl Mamba {
         let [batch, tokens, _] = x.dims();
         let (e, n, rank) = (self.inner, self.state, self.rank);
         let real = call.token_mask().unsqueeze_dim::<3>(2);
-        let projected = mixer.in_proj.forward(x * real.clone());
-        let xs = projected.clone().slice_dim(2, 0..e);
+        // Padding positions feed zeros to the convolution and the scan. They are zeroed after
+        // the projection: transformers zeroes its input, which lets a biased `in_proj` leak
+        // into the convolution window (see the README's choices).
+        let projected = mixer.in_proj.forward(x);
+        let xs = projected.clone().slice_dim(2, 0..e) * real.clone();
         let gate = projected.slice_dim(2, e..2 * e);
         let carried = call.state::<RecurrentState<3>>(layer)?;
         let (conv_out, window) = mixer.conv.forward(xs, carried.conv.take());

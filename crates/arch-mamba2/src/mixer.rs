@@ -66,7 +66,8 @@ impl MixerSpec {
     }
 
     /// Refuses sizes the mixer cannot run: `expand * hidden` must equal `heads * head_dim`
-    /// (what transformers checks), heads must split evenly into groups, and sizes be nonzero.
+    /// (what transformers checks), heads must split evenly into groups, sizes be nonzero and
+    /// `time_step_limit` be an interval.
     pub fn check(&self, config: &ArchConfig, expand: usize) -> Result<()> {
         let sizes = [
             self.heads,
@@ -90,6 +91,12 @@ impl MixerSpec {
             return Err(config.unsupported(format!(
                 "{} heads do not split into {} groups",
                 self.heads, self.groups
+            )));
+        }
+        let (low, high) = self.dt_limit;
+        if low.is_nan() || high.is_nan() || low > high {
+            return Err(config.unsupported(format!(
+                "time_step_limit [{low}, {high}] is not an interval (low <= high)"
             )));
         }
         Ok(())
@@ -162,11 +169,14 @@ impl Mixer for Mamba2Mixer {
         let spec = &self.spec;
         let (inner, heads, head_dim) = (spec.inner(), spec.heads, spec.head_dim);
         let channels = spec.conv_channels();
-        // Padding positions feed zeros to the projection and to the scan (as transformers does).
+        // Padding positions feed zeros to the convolution and the scan. They are zeroed after
+        // the projection: transformers zeroes its input, which lets a biased `in_proj` leak
+        // into the convolution window, so that a padded prompt's values would depend on its
+        // batch (the contract says they equal the prompt alone).
         let real = call.token_mask().unsqueeze_dim::<3>(2);
-        let projected = self.in_proj.forward(x * real.clone());
+        let projected = self.in_proj.forward(x);
         let gate = projected.clone().slice_dim(2, 0..inner);
-        let xbc = projected.clone().slice_dim(2, inner..inner + channels);
+        let xbc = projected.clone().slice_dim(2, inner..inner + channels) * real.clone();
         let dt = projected.slice_dim(2, inner + channels..inner + channels + heads);
 
         let carried = call.state::<RecurrentState<4>>(self.layer)?;

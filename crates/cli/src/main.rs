@@ -1,6 +1,7 @@
 //! `hookscope`: run any registered model and read or write its internals by standard site names.
 
 mod bench;
+mod extract;
 mod model_arg;
 mod run;
 mod sites;
@@ -37,6 +38,10 @@ enum Command {
     /// Run a forward trace, print the top next tokens, and save requested sites.
     #[command(after_help = GLOSSARY)]
     Run(run::RunArgs),
+    /// Save sites over every prompt of a file (or one shard of it) to safetensors files with a
+    /// manifest; resumable; `--merge-manifests` joins the shards of a split job.
+    #[command(after_help = GLOSSARY)]
+    Extract(extract::ExtractArgs),
     /// List every site of a model with its shape at the prompt call and at a decode step.
     #[command(after_help = GLOSSARY)]
     Sites(sites::SitesArgs),
@@ -83,6 +88,7 @@ fn main() -> ExitCode {
     }
     let result = match cli.command {
         Command::Run(args) => run::run(&args).map(|()| ExitCode::SUCCESS),
+        Command::Extract(args) => extract::extract(&args).map(|()| ExitCode::SUCCESS),
         Command::Sites(args) => sites::sites(&args).map(|()| ExitCode::SUCCESS),
         Command::Archs => {
             archs();

@@ -13,6 +13,13 @@ pub struct ModelArg {
 }
 
 impl ModelArg {
+    /// The model as the user named it (`<embedded default>` when omitted).
+    pub fn spec(&self) -> String {
+        self.model
+            .clone()
+            .unwrap_or_else(|| "<embedded default>".to_string())
+    }
+
     /// Loads the model on the default device, printing what the adapter noted about the load.
     pub fn load(&self) -> Result<Model> {
         let source = match &self.model {

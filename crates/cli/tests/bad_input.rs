@@ -141,6 +141,14 @@ fn config_sizes_that_disagree_with_the_checkpoint_stop_the_load() {
 fn degenerate_config_values_are_named() {
     let model = Corrupted::of("mamba-tied").config("conv_kernel", json!(0));
     run_fails(&model, &[], &["convolution kernel size is 0"]);
+    // Found by the fuzzer (conformance/tests/fuzz.rs): an inverted interval panicked in clamp.
+    let model = Corrupted::of("mamba2-groups1-tied")
+        .config("time_step_limit", json!([{"__float__": "Infinity"}, 0]));
+    run_fails(
+        &model,
+        &[],
+        &["time_step_limit [inf, 0] is not an interval"],
+    );
     let model = Corrupted::of("qwen3-next-moe").config("num_experts_per_tok", json!(0));
     run_fails(&model, &[], &["num_experts_per_tok must be between 1"]);
     let model = Corrupted::of("gpt2-tiny").config("layer_norm_epsilon", json!(-1.0));
@@ -242,6 +250,21 @@ fn broken_weights_are_named_as_stored() {
         &model,
         &[],
         &["malformed safetensors file", "model.safetensors"],
+    );
+}
+
+#[test]
+fn a_corrupt_tokenizer_is_named() {
+    // Found by the fuzzer: JSON cut inside `decoder` made the tokenizers crate panic.
+    let model = Corrupted::of("gpt2-tiny");
+    let file = model.path.join("tokenizer.json");
+    let text = std::fs::read_to_string(&file).unwrap();
+    let cut = text.find("\"decoder\"").unwrap() + 20;
+    std::fs::write(&file, &text[..cut]).unwrap();
+    run_fails(
+        &model,
+        &[],
+        &["cannot load tokenizer", "tokenizer.json", "not valid JSON"],
     );
 }
 

@@ -13,6 +13,7 @@ pub mod cache;
 pub mod call;
 pub mod decoding;
 pub mod error;
+pub mod extract;
 pub mod generate;
 pub mod hooks;
 pub mod input;

@@ -28,11 +28,20 @@ impl Tokenizer {
     }
 
     /// Loads a `tokenizer.json` held in memory; `path` names it in errors.
+    ///
+    /// The `tokenizers` crate panics on some malformed files (JSON cut off inside its
+    /// `decoder`, a corrupt precompiled normalizer): the JSON is checked first, and a panic
+    /// still raised while building the tokenizer becomes this file's error.
     pub fn from_bytes(path: &Path, bytes: &[u8]) -> Result<Tokenizer> {
-        let inner = tokenizers::Tokenizer::from_bytes(bytes).map_err(|e| Error::Tokenizer {
+        let error = |message: String| Error::Tokenizer {
             path: path.to_path_buf(),
-            message: e.to_string(),
-        })?;
+            message,
+        };
+        serde_json::from_slice::<serde::de::IgnoredAny>(bytes)
+            .map_err(|e| error(format!("not valid JSON: {e}")))?;
+        let built = std::panic::catch_unwind(|| tokenizers::Tokenizer::from_bytes(bytes))
+            .map_err(|_| error("the tokenizers library could not read it (it panicked)".into()))?;
+        let inner = built.map_err(|e| error(e.to_string()))?;
         Ok(Tokenizer { inner })
     }
 

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+pub(crate) use checkpoint::Bytes;
 pub use checkpoint::{Checkpoint, LoadReport, WeightLoader};
 pub use json::ConfigFloat;
 
