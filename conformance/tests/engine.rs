@@ -343,3 +343,32 @@ fn the_saved_size_estimate_matches_what_a_run_saves() {
         assert_eq!(estimate, saved + duplicated_logits, "{name}");
     }
 }
+
+/// `Model::read` stops after the last requested site and saves what `trace` saves.
+#[test]
+fn read_saves_what_trace_saves_and_stops_early() {
+    for name in ["gpt2-tied", "mamba2-groups1-tied", "qwen3.5-moe"] {
+        let model = load_fixture(name);
+        let batch = model.batch(vec![vec![3, 1, 4, 1, 5], vec![2, 7]]).unwrap();
+        let early = layer(0, LayerSite::LayerOutput);
+        let sites = [Site::TokenEmbeddings, early];
+        let requests = sites.iter().fold(Interventions::new(), |acc, site| {
+            acc.save(*site, Steps::At(0))
+        });
+        let read = model.read(&batch, &requests).unwrap();
+        let traced = model.trace(&batch, &requests).unwrap();
+        assert_eq!(read.len(), 2, "{name}");
+        for site in sites {
+            let diff = max_diff(
+                &values(read.get(site, 0).unwrap()),
+                &values(traced.saved.get(site, 0).unwrap()),
+            );
+            assert!(diff == 0.0, "{name} {site}: {diff}");
+        }
+        // A write after the last save still runs (the call stops after the last touched site).
+        let late = layer(model.layout().layers.len() - 1, LayerSite::LayerOutput);
+        let failing = requests.edit(late, Steps::At(0), |_| Err("reached".into()));
+        let error = model.read(&batch, &failing).unwrap_err().to_string();
+        assert!(error.contains("reached"), "{name}: {error}");
+    }
+}

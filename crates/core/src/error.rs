@@ -229,6 +229,10 @@ pub enum Error {
     /// Non-finite values where a distribution or logits must be finite.
     #[error("{0}")]
     NonFinite(String),
+    /// A call ended after the last site its requests needed. Internal to [`crate::Model::read`],
+    /// which turns it into its result; no public function returns it.
+    #[error("the forward call stopped after the last requested site")]
+    StoppedEarly,
     /// A tensor operation failed on the device.
     #[error("tensor backend: {0}")]
     Backend(String),

@@ -98,6 +98,7 @@ impl Model {
             saved: Saved::default(),
             cache: self.network().new_cache(),
             observer,
+            stop_early: false,
         };
         let mut steps = 0;
         while steps < config.max_new_tokens && !ended.iter().all(|e| *e) {

@@ -45,6 +45,8 @@ pub(crate) struct Run<'a> {
     pub(crate) saved: Saved,
     pub(crate) cache: ModelCache,
     pub(crate) observer: Option<&'a mut dyn Observer>,
+    /// End each call right after the last site a request touches (no logits): [`Model::read`].
+    pub(crate) stop_early: bool,
 }
 
 /// A loaded model: an adapter, its tokenizer and generation defaults, on a device.
@@ -230,6 +232,36 @@ impl Model {
         interventions: &'a Interventions,
         observer: Option<&'a mut dyn Observer>,
     ) -> Result<Trace> {
+        let (outcome, saved) = self.prompt_call(batch, interventions, observer, false)?;
+        let (logits, next_token_probs) = outcome?;
+        Ok(Trace {
+            saved,
+            logits,
+            next_token_probs,
+            batch: batch.clone(),
+        })
+    }
+
+    /// Runs the prompt call over `batch` only as far as the last site `interventions` read or
+    /// write, and returns what they saved: the layers after it and the language-model head are
+    /// never computed (what dataset extraction needs; nnsight's `tracer.stop()`).
+    pub fn read(&self, batch: &Batch, interventions: &Interventions) -> Result<Saved> {
+        let (outcome, saved) = self.prompt_call(batch, interventions, None, true)?;
+        match outcome {
+            Ok(_) | Err(Error::StoppedEarly) => Ok(saved),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// The prompt call (step 0) over `batch`, after the checks every entry point makes: the
+    /// call's outcome (logits and next-token probabilities) and the values it saved.
+    fn prompt_call<'a>(
+        &self,
+        batch: &Batch,
+        interventions: &'a Interventions,
+        observer: Option<&'a mut dyn Observer>,
+        stop_early: bool,
+    ) -> Result<(Result<(Tensor<3>, Tensor<2>)>, Saved)> {
         interventions.validate(self.layout())?;
         batch.validate(self.layout().vocab)?;
         self.check_length(batch.len())?;
@@ -238,19 +270,15 @@ impl Model {
             saved: Saved::default(),
             cache: self.network.new_cache(),
             observer,
+            stop_early,
         };
         let feed = Feed {
             step: 0,
             ids: &batch.ids,
             key_mask: &batch.mask,
         };
-        let (logits, next_token_probs) = self.call(feed, &mut run)?;
-        Ok(Trace {
-            saved: run.saved,
-            logits,
-            next_token_probs,
-            batch: batch.clone(),
-        })
+        let outcome = self.call(feed, &mut run);
+        Ok((outcome, run.saved))
     }
 
     pub(crate) fn check_length(&self, len: usize) -> Result<()> {
@@ -276,6 +304,9 @@ impl Model {
             &mut run.saved,
             observer,
         );
+        if run.stop_early {
+            hooks.stop_after_last_request();
+        }
         let batch = feed.ids.len();
         let tokens = feed.ids.first().map_or(0, Vec::len);
         let flat: Vec<i64> = feed.ids.iter().flatten().map(|id| i64::from(*id)).collect();

@@ -331,11 +331,10 @@ fn run_batch(
         acc.save(site.site, Steps::At(0))
     });
     let ids: Vec<Vec<u32>> = batch.iter().map(|p| p.ids.clone()).collect();
-    let trace = model.trace(&model.batch(ids)?, &interventions)?;
+    let saved = model.read(&model.batch(ids)?, &interventions)?;
     let lengths: Vec<usize> = batch.iter().map(|p| p.ids.len()).collect();
     for (index, site) in rows.iter().enumerate() {
-        let value = trace
-            .saved
+        let value = saved
             .get(site.site, 0)
             .ok_or_else(|| Error::Backend(format!("`{}` was not served by the call", site.site)))?;
         let data = value.to_data().convert::<f32>();

@@ -80,6 +80,8 @@ pub(crate) struct Hooks<'a> {
     /// Values of this call's edit sources, by slot.
     captured: HashMap<usize, SiteValue>,
     observer: Option<&'a mut dyn Observer>,
+    /// The slot after whose visit the call ends ([`Error::StoppedEarly`]).
+    stop_after: Option<usize>,
 }
 
 impl<'a> Hooks<'a> {
@@ -115,7 +117,19 @@ impl<'a> Hooks<'a> {
             saved,
             captured: HashMap::new(),
             observer,
+            stop_after: None,
         }
+    }
+
+    /// Makes the call end, with [`Error::StoppedEarly`], right after the last site (in call
+    /// order) that a request of this call reads or writes.
+    pub fn stop_after_last_request(&mut self) {
+        self.stop_after = self
+            .layout
+            .call_order()
+            .into_iter()
+            .map(|site| self.layout.slot(site))
+            .rfind(|slot| self.plans.get(*slot).is_some_and(Option::is_some));
     }
 
     /// Whether any request reads or writes `site` in this call. Adapters use it to skip
@@ -157,6 +171,9 @@ impl<'a> Hooks<'a> {
         }
         if plan.capture {
             self.captured.insert(slot, value.clone().into_value());
+        }
+        if self.stop_after == Some(slot) {
+            return Err(Error::StoppedEarly);
         }
         Ok(value)
     }

@@ -51,11 +51,14 @@ impl Activation {
     }
 }
 
-/// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`, with the cube as two products: burn's
-/// `gelu_approximate` computes it with `powf`, several times slower on CPU.
+/// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`: vectorised on the CPU backend
+/// ([`super::fastmath::gelu_tanh`]); elsewhere with the cube as two products (burn's
+/// `gelu_approximate` computes it with `powf`, several times slower).
 fn gelu_tanh<const D: usize>(x: Tensor<D>) -> Tensor<D> {
-    const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+    if let Some(y) = super::fastmath::gelu_tanh(&x) {
+        return y;
+    }
     let cube = x.clone() * x.clone() * x.clone();
-    let inner = (x.clone() + cube * 0.044715) * SQRT_2_OVER_PI;
+    let inner = (x.clone() + cube * 0.044715) * super::fastmath::SQRT_2_OVER_PI;
     x * (activation::tanh(inner) + 1.0) * 0.5
 }

@@ -23,6 +23,25 @@ pub fn silu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     }
 }
 
+/// `sqrt(2 / pi)`, the scale inside the tanh approximation of GELU.
+pub(crate) const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
+
+/// The tanh approximation of GELU, `0.5 x (1 + tanh(u))` with
+/// `u = sqrt(2/pi) (x + 0.044715 x^3)`, computed as the equal `x / (1 + e^(-2u))`; `None`
+/// where this path does not apply (another backend, dtype or layout).
+pub(crate) fn gelu_tanh<const D: usize>(x: &Tensor<D>) -> Option<Tensor<D>> {
+    map_f32(x, gelu_tanh_slice)
+}
+
+#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma"))]
+fn gelu_tanh_slice(input: &[f32], output: &mut [f32]) {
+    const TWO_SQRT_2_OVER_PI: f32 = (2.0 * SQRT_2_OVER_PI) as f32;
+    for (y, &x) in output.iter_mut().zip(input) {
+        let u2 = TWO_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x);
+        *y = x / (1.0 + exp(-u2));
+    }
+}
+
 /// Applies `kernel` (reading a slice, writing one of the same length) to `x`'s values when it
 /// is a contiguous `f32` tensor on the `flex` backend.
 fn map_f32<const D: usize>(x: &Tensor<D>, kernel: fn(&[f32], &mut [f32])) -> Option<Tensor<D>> {
@@ -86,6 +105,34 @@ mod tests {
                 "exp({x}) = {fast}, libm {exact}"
             );
             x += 0.013;
+        }
+    }
+
+    #[test]
+    fn gelu_tanh_matches_the_tanh_formula() {
+        let values: Vec<f32> = (0..20_000)
+            .map(|i| (i as f32 - 10_000.0) * 0.0013)
+            .chain([-1e30, -200.0, -9.0, 0.0, 9.0, 200.0, 1e30])
+            .collect();
+        let count = values.len();
+        let x: Tensor<2> = Tensor::from_data(
+            TensorData::new(values.clone(), [1, count]),
+            &Device::default(),
+        );
+        let fast = gelu_tanh(&x)
+            .unwrap()
+            .into_data()
+            .try_to_vec::<f32>()
+            .unwrap();
+        for (y, x) in fast.iter().zip(&values) {
+            let x = f64::from(*x);
+            let u = SQRT_2_OVER_PI * (x + 0.044715 * x * x * x);
+            let exact = 0.5 * x * (1.0 + u.tanh());
+            let exact = if exact.is_finite() { exact } else { x.max(0.0) };
+            assert!(
+                (f64::from(*y) - exact).abs() <= 2e-6 * exact.abs().max(1.0),
+                "gelu({x}) = {y}, expected {exact}"
+            );
         }
     }
 
