@@ -305,6 +305,7 @@ fn report_generation(model: &Model, args: &RunArgs, generation: &Generation) -> 
             .map(|(row, prompt)| {
                 Ok(json!({
                     "prompt": prompt,
+                    "input_ids": prompt_ids(generation, row),
                     "new_ids": generation.new_tokens(row),
                     "continuation": continuation(row)?,
                 }))
@@ -324,16 +325,64 @@ fn report_generation(model: &Model, args: &RunArgs, generation: &Generation) -> 
         println!("{prompt}{}", continuation(row)?);
     }
     if !saved.is_empty() {
+        let keep = match &args.out {
+            Some(_) => "",
+            None => " (add --out FILE.safetensors to keep them)",
+        };
         println!(
-            "saved {} values over {} steps",
+            "saved {} values over {} steps{keep}:",
             saved.len(),
             generation.steps
         );
+        for line in saved_by_site(&generation.saved) {
+            println!("  {line}");
+        }
     }
     if let Some(path) = &args.out {
         println!("wrote {}", path.display());
     }
     Ok(())
+}
+
+/// Row `row`'s prompt ids, without left padding.
+fn prompt_ids(generation: &Generation, row: usize) -> Vec<u32> {
+    let prompt = generation.prompt_len;
+    generation.output_ids[row][..prompt]
+        .iter()
+        .zip(&generation.attention_mask[row][..prompt])
+        .filter(|(_, real)| **real)
+        .map(|(id, _)| *id)
+        .collect()
+}
+
+/// One line per saved site: its shape at each step, the middle steps elided past four.
+fn saved_by_site(saved: &Saved) -> Vec<String> {
+    let mut sites: Vec<(String, Vec<String>)> = Vec::new();
+    let mut by_site: Vec<_> = saved.iter().collect();
+    by_site.sort_by_key(|(site, step, _)| (*site, *step));
+    for (site, step, value) in by_site {
+        let entry = format!("@{step} {:?}", value.shape());
+        let name = site.to_string();
+        match sites.last_mut() {
+            Some((last, steps)) if *last == name => steps.push(entry),
+            _ => sites.push((name, vec![entry])),
+        }
+    }
+    sites
+        .into_iter()
+        .map(|(name, steps)| {
+            let shown = match steps.len() {
+                0..=4 => steps.join("  "),
+                n => format!(
+                    "{}  {}  ...  {} ({n} steps)",
+                    steps[0],
+                    steps[1],
+                    steps[n - 1]
+                ),
+            };
+            format!("{name}  {shown}")
+        })
+        .collect()
 }
 
 fn print_text(prompts: &[&str], trace: &Trace, top: &[Vec<Candidate>], out: Option<&PathBuf>) {

@@ -158,6 +158,35 @@ fn run_generates_and_saves_every_step_by_default() {
     assert_eq!(shape("layers.0.self_attn.attention_keys@2"), [1, 4, 12, 8]);
     assert_eq!(shape("output_ids"), [1, 13]);
     assert_eq!(file.names().len(), 5);
+    // The report lists what was saved, site by site, with its shape at each step.
+    let report = stdout(&output);
+    assert!(
+        report.contains("  layers.1.layer_output  @0 [1, 10, 32]  @1 [1, 1, 32]  @2 [1, 1, 32]"),
+        "{report}"
+    );
+    assert!(
+        report.contains("  layers.0.self_attn.attention_keys  @2 [1, 4, 12, 8]"),
+        "{report}"
+    );
+}
+
+#[test]
+fn generation_json_carries_each_prompts_ids_without_padding() {
+    let output = hookscope(&[
+        "run",
+        "--prompt",
+        "Hi",
+        "--prompt",
+        "The tower",
+        "--max-new-tokens",
+        "2",
+        "--json",
+    ]);
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&output)).unwrap();
+    let ids = |row: usize| report["prompts"][row]["input_ids"].clone();
+    assert_eq!(ids(0), serde_json::json!([17250]));
+    assert_eq!(ids(1), serde_json::json!([464, 10580]));
 }
 
 #[test]
