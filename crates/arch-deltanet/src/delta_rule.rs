@@ -12,7 +12,7 @@
 //! same state.
 
 use hookscope_core::burn::tensor::{Bool, Tensor, TensorData};
-use hookscope_core::nn::pairwise_decay;
+use hookscope_core::nn::{exp, pairwise_decay};
 use hookscope_core::{Error, Result};
 
 /// The chunk length of the prompt call.
@@ -74,15 +74,12 @@ pub fn chunked(inputs: RuleInputs, initial: Tensor<4>) -> Result<(Tensor<4>, Ten
     let lower = strictly_lower(k_beta.clone().matmul(k.clone().swap_dims(3, 4)) * decay.clone());
     let solve = unit_lower_inverse(lower)?;
     let corrections = solve.clone().matmul(v_beta);
-    let decayed_keys = solve.matmul(k_beta * cumulative.clone().exp().unsqueeze_dim::<5>(4));
+    let decayed_keys = solve.matmul(k_beta * exp(cumulative.clone()).unsqueeze_dim::<5>(4));
     let within = q.clone().matmul(k.clone().swap_dims(3, 4)) * decay;
-    let q_decayed = q * cumulative.clone().exp().unsqueeze_dim::<5>(4);
+    let q_decayed = q * exp(cumulative.clone()).unsqueeze_dim::<5>(4);
     let chunk_total = cumulative.clone().slice_dim(3, chunk - 1..chunk);
-    let k_to_end = k
-        * (chunk_total.clone() - cumulative)
-            .exp()
-            .unsqueeze_dim::<5>(4);
-    let chunk_decay = chunk_total.exp();
+    let k_to_end = k * exp(chunk_total.clone() - cumulative).unsqueeze_dim::<5>(4);
+    let chunk_decay = exp(chunk_total);
 
     let at = |t: &Tensor<5>, n: usize| -> Tensor<4> {
         let [batch, heads, _, rows, cols] = t.dims();

@@ -235,7 +235,7 @@ impl ProjectedAttention {
         let k = Rotary::apply(k.swap_dims(1, 2), cos, sin);
         let mixed = attention.forward(q, k, v.swap_dims(1, 2), call)?;
         let mixed = match gate {
-            Some(gate) => mixed * activation::sigmoid(gate),
+            Some(gate) => mixed * super::sigmoid(gate),
             None => mixed,
         };
         Ok(self.o_proj.forward(mixed))

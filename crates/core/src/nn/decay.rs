@@ -15,8 +15,7 @@ pub fn decay_matrix(x: Tensor<4>) -> Tensor<5> {
         .unsqueeze::<5>()
         .expand(shape);
     // factors[l, s] = exp(x_l) below the diagonal, 1 on and above it.
-    let factors = x
-        .exp()
+    let factors = super::exp(x)
         .unsqueeze_dim::<5>(4)
         .expand(shape)
         .mask_fill(on_or_above, 1.0);
@@ -37,5 +36,5 @@ pub fn pairwise_decay(cumulative: Tensor<4>) -> Tensor<5> {
             .unsqueeze::<5>()
             .expand(shape);
     let differences = cumulative.clone().unsqueeze_dim::<5>(4) - cumulative.unsqueeze_dim::<5>(3);
-    differences.mask_fill(above, f32::NEG_INFINITY).exp()
+    super::exp(differences.mask_fill(above, f32::NEG_INFINITY))
 }

@@ -23,6 +23,45 @@ pub fn silu<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     }
 }
 
+/// `e^x` element-wise: 0 below the normal range (as `e^-inf`), infinite past `f32::MAX`.
+pub fn exp<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    match map_f32(&x, exp_slice) {
+        Some(y) => y,
+        None => x.exp(),
+    }
+}
+
+/// `1 / (1 + e^-x)` element-wise.
+pub fn sigmoid<const D: usize>(x: Tensor<D>) -> Tensor<D> {
+    match map_f32(&x, sigmoid_slice) {
+        Some(y) => y,
+        None => activation::sigmoid(x),
+    }
+}
+
+#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma"))]
+fn exp_slice(input: &[f32], output: &mut [f32]) {
+    for (y, &x) in output.iter_mut().zip(input) {
+        *y = if x < -87.5 {
+            0.0
+        } else if x > 88.72 {
+            f32::INFINITY
+        } else if x > 88.0 {
+            // Past the polynomial's clamp: one factor of e taken out.
+            exp_f32(x - 1.0) * std::f32::consts::E
+        } else {
+            exp_f32(x)
+        };
+    }
+}
+
+#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma"))]
+fn sigmoid_slice(input: &[f32], output: &mut [f32]) {
+    for (y, &x) in output.iter_mut().zip(input) {
+        *y = 1.0 / (1.0 + exp_f32(-x));
+    }
+}
+
 /// `sqrt(2 / pi)`, the scale inside the tanh approximation of GELU.
 pub(crate) const SQRT_2_OVER_PI: f64 = 0.797_884_560_802_865_4;
 
@@ -38,7 +77,7 @@ fn gelu_tanh_slice(input: &[f32], output: &mut [f32]) {
     const TWO_SQRT_2_OVER_PI: f32 = (2.0 * SQRT_2_OVER_PI) as f32;
     for (y, &x) in output.iter_mut().zip(input) {
         let u2 = TWO_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x);
-        *y = x / (1.0 + exp(-u2));
+        *y = x / (1.0 + exp_f32(-u2));
     }
 }
 
@@ -62,13 +101,13 @@ fn map_f32<const D: usize>(x: &Tensor<D>, kernel: fn(&[f32], &mut [f32])) -> Opt
 #[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma"))]
 fn silu_slice(input: &[f32], output: &mut [f32]) {
     for (y, &x) in output.iter_mut().zip(input) {
-        *y = x / (1.0 + exp(-x));
+        *y = x / (1.0 + exp_f32(-x));
     }
 }
 
 /// `e^x` for finite `x` (clamped to the range where `e^x` is a normal float).
 #[inline(always)]
-fn exp(x: f32) -> f32 {
+fn exp_f32(x: f32) -> f32 {
     const LOG2_E: f32 = std::f32::consts::LOG2_E;
     // ln 2 split in two so that `n * LN2_HIGH` is exact.
     const LN2_HIGH: f32 = 0.693_359_4;
@@ -99,12 +138,49 @@ mod tests {
     fn exp_is_within_two_ulps_of_libm_over_the_normal_range() {
         let mut x = -87.0f32;
         while x < 88.0 {
-            let (fast, exact) = (exp(x), x.exp());
+            let (fast, exact) = (exp_f32(x), x.exp());
             assert!(
                 ((fast - exact) / exact).abs() < 2.5e-7,
                 "exp({x}) = {fast}, libm {exact}"
             );
             x += 0.013;
+        }
+    }
+
+    #[test]
+    fn exp_and_sigmoid_match_burn_including_the_limits() {
+        let values: Vec<f32> = (0..30_000)
+            .map(|i| (i as f32 - 15_000.0) * 0.0123)
+            .chain([
+                f32::NEG_INFINITY,
+                -1e30,
+                -87.6,
+                -87.4,
+                0.0,
+                88.4,
+                88.6,
+                1e30,
+            ])
+            .collect();
+        let count = values.len();
+        let x: Tensor<2> =
+            Tensor::from_data(TensorData::new(values, [1, count]), &Device::default());
+        let read = |t: Tensor<2>| t.into_data().try_to_vec::<f32>().unwrap();
+        for (fast, reference) in [
+            (read(exp(x.clone())), read(x.clone().exp())),
+            (
+                read(sigmoid(x.clone())),
+                read(activation::sigmoid(x.clone())),
+            ),
+        ] {
+            for (a, b) in fast.iter().zip(&reference) {
+                let close = if b.is_finite() {
+                    (a - b).abs() <= 3e-7 * b.abs().max(1e-30) || (a - b).abs() < 1e-37
+                } else {
+                    a == b
+                };
+                assert!(close, "{a} vs {b}");
+            }
         }
     }
 

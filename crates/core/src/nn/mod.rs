@@ -22,7 +22,7 @@ pub use conv::CausalConv1d;
 pub use decay::{decay_matrix, pairwise_decay};
 pub use decoder::{DecoderLayer, FeedForward, HybridDecoder, LayerMixer, Mixer, NoOtherMixer};
 pub use embedding::Embedding;
-pub use fastmath::silu;
+pub use fastmath::{exp, sigmoid, silu};
 pub use linear::Linear;
 pub use mlp::{GatedMlp, GatedMlpSpec};
 pub use moe::{MoeSpec, SparseMoe};
