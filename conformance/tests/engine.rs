@@ -372,3 +372,32 @@ fn read_saves_what_trace_saves_and_stops_early() {
         assert!(error.contains("reached"), "{name}: {error}");
     }
 }
+
+/// A write that turns a residual stream to NaN is caught where it would decide tokens: a
+/// trace's last-position logits, a generation step's next-token distribution.
+#[test]
+fn non_finite_values_reaching_the_output_are_errors() {
+    let model = load_fixture("gpt2-tied");
+    let batch = model.batch(vec![vec![3, 1, 4]]).unwrap();
+    let last = layer(model.layout().layers.len() - 1, LayerSite::LayerOutput);
+    let poison = |steps| {
+        Interventions::new().edit(last, steps, |value| match value {
+            SiteValue::Float3(t) => Ok(SiteValue::Float3(t * f32::NAN)),
+            other => Ok(other),
+        })
+    };
+    let traced = model.trace(&batch, &poison(Steps::At(0))).unwrap_err();
+    assert!(
+        matches!(&traced, Error::NonFinite(m) if m.starts_with("row 0: the logits")),
+        "{traced}"
+    );
+    let mut config = model.generation_config().clone();
+    config.max_new_tokens = 3;
+    let generated = model
+        .generate(&batch, &poison(Steps::At(1)), &config)
+        .unwrap_err();
+    assert!(
+        matches!(&generated, Error::NonFinite(m) if m.starts_with("step 1, row 0") && m.contains("NaN")),
+        "{generated}"
+    );
+}

@@ -128,8 +128,8 @@ impl Model {
                     picker.pick(row_probs).map_err(|reason| {
                         Error::NonFinite(format!(
                             "step {steps}, row {row}: cannot pick a token from \
-                             `next_token_probs`: {reason} (a write at this step may have \
-                             zeroed or corrupted it)"
+                             `next_token_probs`: {reason} (check the weights, the norm \
+                             epsilons in config.json, and any write made at this step)"
                         ))
                     })?
                 };

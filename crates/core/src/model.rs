@@ -234,6 +234,13 @@ impl Model {
     ) -> Result<Trace> {
         let (outcome, saved) = self.prompt_call(batch, interventions, observer, false)?;
         let (logits, next_token_probs) = outcome?;
+        let [batch_size, tokens, vocab] = logits.dims();
+        check_finite_logits(
+            &logits
+                .clone()
+                .slice_dim(1, tokens - 1..tokens)
+                .reshape([batch_size, vocab]),
+        )?;
         Ok(Trace {
             saved,
             logits,
@@ -325,16 +332,16 @@ impl Model {
             .clone()
             .slice_dim(1, tokens - 1..tokens)
             .reshape([batch, vocab]);
-        check_finite_logits(&last, feed.step)?;
         let next_token_probs = call.visit(Site::NextTokenProbs, activation::softmax(last, 1))?;
         Ok((logits, next_token_probs))
     }
 }
 
-/// Refuses last-position logits holding NaN or `+inf`, or with no finite value in a row:
-/// what broken weights, a negative norm epsilon or a corrupting write produce, which would
-/// otherwise print meaningless tokens. `-inf` (a banned token) is allowed.
-fn check_finite_logits(last: &Tensor<2>, step: usize) -> Result<()> {
+/// Refuses a trace's last-position logits holding NaN or `+inf`, or with no finite value in a
+/// row: what broken weights, a negative norm epsilon or a corrupting write produce, which would
+/// otherwise print meaningless tokens. `-inf` (a banned token) is allowed. (A generation step
+/// needs no second pass: picking its token refuses a NaN in `next_token_probs`.)
+fn check_finite_logits(last: &Tensor<2>) -> Result<()> {
     let [_, vocab] = last.dims();
     let values = last
         .to_data()
@@ -351,7 +358,7 @@ fn check_finite_logits(last: &Tensor<2>, step: usize) -> Result<()> {
             });
         if let Some(bad) = bad {
             return Err(Error::NonFinite(format!(
-                "step {step}, row {row}: the logits at the last position hold {bad}; check the \
+                "row {row}: the logits at the last position hold {bad}; check the \
                  weights, the norm epsilons in config.json, and any write made at this step"
             )));
         }

@@ -170,11 +170,7 @@ pub fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {
 
 /// Reads JSON written by [`write_json`].
 pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
-    serde_json::from_str(&text).map_err(|source| Error::Json {
+    serde_json::from_value(crate::loading::read_json(path)?).map_err(|source| Error::Json {
         path: path.to_path_buf(),
         source,
     })
