@@ -326,15 +326,15 @@ fn the_saved_size_estimate_matches_what_a_run_saves() {
         let duplicated_logits: usize = generation
             .saved
             .iter()
-            .filter(|(site, step, _)| *site == Site::Logits && (1..3).contains(step))
-            .map(|(_, _, value)| value.shape().iter().product::<usize>() * 4)
+            .filter(|entry| entry.site == Site::Logits && (1..3).contains(&entry.step))
+            .map(|entry| entry.shape().iter().product::<usize>() * 4)
             .sum();
         let saved: usize = generation
             .saved
             .iter()
-            .map(|(site, _, value)| {
-                let element = if site == Site::InputIds { 8 } else { 4 };
-                value.shape().iter().product::<usize>() * element
+            .map(|entry| {
+                let element = if entry.site == Site::InputIds { 8 } else { 4 };
+                entry.shape().iter().product::<usize>() * element
             })
             .sum();
         let estimate = interventions

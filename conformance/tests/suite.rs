@@ -83,6 +83,12 @@ impl CausalLm for Misdeclared {
     fn forward(&self, call: &mut Call<'_>) -> Result<hookscope::burn::tensor::Tensor<3>> {
         self.inner.forward(call)
     }
+    fn unembed(
+        &self,
+        hidden: hookscope::burn::tensor::Tensor<3>,
+    ) -> hookscope::burn::tensor::Tensor<3> {
+        self.inner.unembed(hidden)
+    }
 }
 
 hookscope::register_architecture!(

@@ -192,7 +192,11 @@ impl CausalLm for Gpt2 {
                 }),
             )?;
         }
-        Ok(self.lm_head.forward(self.ln_f.forward(hidden)))
+        Ok(self.unembed(hidden))
+    }
+
+    fn unembed(&self, hidden: Tensor<3>) -> Tensor<3> {
+        self.lm_head.forward(self.ln_f.forward(hidden))
     }
 }
 

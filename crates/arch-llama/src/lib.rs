@@ -100,6 +100,10 @@ impl CausalLm for Llama {
     fn forward(&self, call: &mut Call<'_>) -> Result<Tensor<3>> {
         self.decoder.forward(call)
     }
+
+    fn unembed(&self, hidden: Tensor<3>) -> Tensor<3> {
+        self.decoder.unembed(hidden)
+    }
 }
 
 /// Llama (and the Mistral and Qwen2 checkpoints that run the same code path), as the registry

@@ -285,4 +285,8 @@ impl CausalLm for Bamba {
     fn forward(&self, call: &mut Call<'_>) -> Result<Tensor<3>> {
         self.decoder.forward(call)
     }
+
+    fn unembed(&self, hidden: Tensor<3>) -> Tensor<3> {
+        self.decoder.unembed(hidden)
+    }
 }

@@ -181,6 +181,10 @@ impl CausalLm for Mamba2 {
                 None::<fn(Tensor<3>) -> Result<Tensor<3>>>,
             )?;
         }
-        Ok(self.lm_head.forward(self.norm_f.forward(hidden)))
+        Ok(self.unembed(hidden))
+    }
+
+    fn unembed(&self, hidden: Tensor<3>) -> Tensor<3> {
+        self.lm_head.forward(self.norm_f.forward(hidden))
     }
 }

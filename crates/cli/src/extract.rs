@@ -61,6 +61,12 @@ pub fn extract(args: &ExtractArgs) -> Result<()> {
                 "--save `{spec}`: extract runs prompt calls only (step 0)"
             )));
         }
+        if !selection.index.is_full() {
+            return Err(Error::InvalidInput(format!(
+                "--save `{spec}`: extract saves whole sites as one row per token (batches mix \
+                 prompts, so an index would select across them); select from the rows afterwards"
+            )));
+        }
         for site in selection.sites {
             if !sites.contains(&site) {
                 sites.push(site);

@@ -1,10 +1,15 @@
 //! `hookscope`: run any registered model and read or write its internals by standard site names.
 
+mod attention;
 mod bench;
 mod extract;
+mod lens;
 mod model_arg;
+mod patch;
+mod plot;
 mod run;
 mod sites;
+mod tokens;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -17,10 +22,13 @@ MODEL: a local Hugging Face directory (config.json, model.safetensors or a shard
   tokenizer.json, generation_config.json), or a hub id (owner/name: from the local hub cache,
   downloaded if missing; HF_HUB_OFFLINE=1 uses the cache only). Omitted: the embedded default
   model (a tiny random GPT-2 with the real GPT-2 tokenizer; no network).
-PATTERN[@STEPS]: site names with `*` and `?` wildcards (`layers.*.self_attn.attention_keys`;
-  `hookscope sites` lists them). STEPS is `K` (one step), `A:B` (steps A to B-1, end exclusive
-  like `tracer.iter[A:B]`; either bound may be omitted) or `all`. Step 0 is the prompt call.
-  Without @STEPS: step 0 for a single trace, every step under --max-new-tokens.";
+PATTERN[INDEX][@STEPS]: site names with `*` and `?` wildcards
+  (`layers.*.self_attn.attention_keys`; `hookscope sites` lists them). INDEX is numpy basic
+  indexing of the value (`[:, -1]` the last position, `[:, :, 3]` head 3 of `[B, T, NH, D]`,
+  `[0, 2:5, ...]`): a save keeps that part, a write changes only it. STEPS is `K` (one step),
+  `A:B` (steps A to B-1, end exclusive like `tracer.iter[A:B]`; either bound may be omitted) or
+  `all`. Step 0 is the prompt call. Without @STEPS: step 0 for a single trace, every step under
+  --max-new-tokens.";
 
 /// Read and write the internals of language models under one standard set of site names.
 #[derive(Debug, Parser)]
@@ -42,6 +50,17 @@ enum Command {
     /// manifest; resumable; `--merge-manifests` joins the shards of a split job.
     #[command(after_help = GLOSSARY)]
     Extract(extract::ExtractArgs),
+    /// The logit lens: every layer's output through the final norm and head, top tokens per
+    /// layer and position.
+    #[command(after_help = GLOSSARY)]
+    Lens(lens::LensArgs),
+    /// Activation patching: for every matched site and position, run the corrupt prompt with
+    /// that value from the clean run; the metric from 0 (corrupt) to 1 (clean).
+    #[command(after_help = GLOSSARY)]
+    Patch(patch::PatchArgs),
+    /// One layer's attention patterns as a heatmap image (--png) or a text view.
+    #[command(after_help = GLOSSARY)]
+    Attention(attention::AttentionArgs),
     /// List every site of a model with its shape at the prompt call and at a decode step.
     #[command(after_help = GLOSSARY)]
     Sites(sites::SitesArgs),
@@ -89,6 +108,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => run::run(&args).map(|()| ExitCode::SUCCESS),
         Command::Extract(args) => extract::extract(&args).map(|()| ExitCode::SUCCESS),
+        Command::Lens(args) => lens::lens(&args).map(|()| ExitCode::SUCCESS),
+        Command::Patch(args) => patch::patch(&args).map(|()| ExitCode::SUCCESS),
+        Command::Attention(args) => attention::attention(&args).map(|()| ExitCode::SUCCESS),
         Command::Sites(args) => sites::sites(&args).map(|()| ExitCode::SUCCESS),
         Command::Archs => {
             archs();

@@ -5,12 +5,15 @@ use std::path::PathBuf;
 
 use clap::Args;
 use hookscope::burn::tensor::TensorData;
-use hookscope::hooks::{Action, Selection, Write};
+use hookscope::decoding::{DecodingChoice, top_k};
+use hookscope::hooks::RequestSpecs;
 use hookscope::{
     Decoding, Error, Generation, GenerationConfig, Interventions, Model, Result, Saved, Steps,
     Trace,
 };
 use serde_json::json;
+
+use crate::tokens::token_text;
 
 /// Arguments of `hookscope run`.
 #[derive(Debug, Args)]
@@ -21,20 +24,34 @@ pub struct RunArgs {
     #[arg(long = "prompt", required = true)]
     prompts: Vec<String>,
     /// Save the sites matching PATTERN at STEPS (`K`, `A:B` end exclusive, or `all`; default:
-    /// step 0 for a trace, every step under --max-new-tokens). Repeatable.
-    #[arg(long, value_name = "PATTERN[@STEPS]")]
+    /// step 0 for a trace, every step under --max-new-tokens), or only the part INDEX selects
+    /// (numpy basic indexing: `[:, -1]`, `[0, 2:5, ...]`). Repeatable.
+    #[arg(long, value_name = "PATTERN[INDEX][@STEPS]")]
     save: Vec<String>,
-    /// Zero the sites matching PATTERN at STEPS (same syntax and defaults as --save); the
-    /// change flows on through the rest of the call and, through the cache, later steps.
-    #[arg(long, value_name = "PATTERN[@STEPS]")]
+    /// Zero the sites matching PATTERN (or the part INDEX selects) at STEPS, e.g.
+    /// `layers.0.self_attn.attention_head_outputs[:, :, 3]` ablates head 3; the change flows on
+    /// through the rest of the call and, through the cache, later steps.
+    #[arg(long, value_name = "PATTERN[INDEX][@STEPS]")]
     zero: Vec<String>,
+    /// Add SCALE times a stored tensor to the sites (steering): a `[H]` tensor broadcasts over
+    /// batch and positions, a full-shape one adds element-wise. Repeatable.
+    #[arg(
+        long,
+        value_name = "PATTERN[INDEX][@STEPS]=FILE.safetensors:KEY[*SCALE]"
+    )]
+    add: Vec<String>,
+    /// Replace the sites' values by a stored tensor (activation patching, e.g. a value saved
+    /// by `--out` from another prompt), broadcast to their shape. Repeatable.
+    #[arg(long, value_name = "PATTERN[INDEX][@STEPS]=FILE.safetensors:KEY")]
+    set: Vec<String>,
     /// Write saved values to this safetensors file (`{site}@{step}`, `output_ids`).
     #[arg(long)]
     out: Option<PathBuf>,
     /// Print a JSON report instead of text.
     #[arg(long)]
     json: bool,
-    /// How many most likely next tokens to print per prompt (single trace).
+    /// How many most likely next tokens to report per prompt (a trace) or per prompt and step
+    /// (a generation under --json, at most 5).
     #[arg(long, default_value_t = 5)]
     top: usize,
     /// Run even when the saved values are estimated to exceed the memory available.
@@ -74,30 +91,19 @@ pub struct GenerationArgs {
 impl GenerationArgs {
     /// The checkpoint's defaults with this command line's overrides.
     fn config(&self, defaults: &GenerationConfig, max_new_tokens: usize) -> GenerationConfig {
-        let mut config = defaults.clone();
-        config.max_new_tokens = max_new_tokens;
-        let sampling =
-            self.sample || (!self.greedy && matches!(defaults.decoding, Decoding::Sample { .. }));
-        config.decoding = if sampling {
-            let (temperature, top_k, top_p) = match defaults.decoding {
-                Decoding::Sample {
-                    temperature,
-                    top_k,
-                    top_p,
-                    ..
-                } => (temperature, top_k, top_p),
-                Decoding::Greedy => (1.0, 50, 1.0),
-            };
-            Decoding::Sample {
-                temperature: self.temperature.unwrap_or(temperature),
-                top_k: self.top_k.unwrap_or(top_k),
-                top_p: self.top_p.unwrap_or(top_p),
-                seed: self.seed,
-            }
-        } else {
-            Decoding::Greedy
+        let sample = match (self.sample, self.greedy) {
+            (true, _) => Some(true),
+            (_, true) => Some(false),
+            _ => None,
         };
-        config
+        let choice = DecodingChoice {
+            sample,
+            temperature: self.temperature,
+            top_k: self.top_k,
+            top_p: self.top_p,
+            seed: self.seed,
+        };
+        defaults.with_choice(max_new_tokens, &choice)
     }
 }
 
@@ -111,25 +117,19 @@ pub fn run(args: &RunArgs) -> Result<()> {
         Some(_) => Steps::All,
         None => Steps::At(0),
     };
-    let mut interventions = Interventions::new();
-    for (specs, action) in [
-        (&args.save, Action::Save),
-        (&args.zero, Action::Write(Write::Zero)),
-    ] {
-        for spec in specs {
-            let selection = Selection::parse(model.layout(), spec, default_steps.clone())?;
-            if args.generation.max_new_tokens.is_none() && !selection.steps.contains(0) {
-                return Err(Error::InvalidInput(format!(
-                    "`{spec}` asks for step(s) {} of a single trace, which has only step 0; \
-                     add --max-new-tokens N to generate N more steps",
-                    selection.steps
-                )));
-            }
-            for site in selection.sites {
-                interventions.push(site, selection.steps.clone(), action.clone());
-            }
-        }
-    }
+    let specs = RequestSpecs {
+        save: args.save.clone(),
+        zero: args.zero.clone(),
+        add: args.add.clone(),
+        set: args.set.clone(),
+        ..Default::default()
+    };
+    let interventions = specs.interventions(
+        model.layout(),
+        &default_steps,
+        args.generation.max_new_tokens.is_some(),
+        model.device(),
+    )?;
     check_saved_size(args, &model, &batch, &interventions)?;
     if let Some(max_new_tokens) = args.generation.max_new_tokens {
         let config = args
@@ -242,24 +242,27 @@ fn top_tokens(model: &Model, trace: &Trace, k: usize) -> Result<Vec<Vec<Candidat
         .map_err(|e| Error::Backend(format!("{e:?}")))?;
     probs
         .chunks(vocab.max(1))
-        .map(|row| {
-            let mut ids: Vec<usize> = (0..row.len()).collect();
-            ids.sort_by(|a, b| row[*b].total_cmp(&row[*a]));
-            ids.into_iter()
-                .take(k)
-                .map(|id| {
-                    let text = match model.tokenizer() {
-                        Some(tokenizer) => tokenizer.decode(&[id as u32])?,
-                        None => format!("<{id}>"),
-                    };
-                    Ok(Candidate {
-                        id,
-                        text,
-                        probability: row[id],
-                    })
-                })
-                .collect()
+        .map(|row| candidates(model, top_k(row, k)))
+        .collect()
+}
+
+/// The candidates `(id, probability)` with their text.
+fn candidates(model: &Model, top: Vec<(usize, f32)>) -> Result<Vec<Candidate>> {
+    top.into_iter()
+        .map(|(id, probability)| {
+            Ok(Candidate {
+                id,
+                text: token_text(model, id)?,
+                probability,
+            })
         })
+        .collect()
+}
+
+fn candidates_json(candidates: &[Candidate]) -> Vec<serde_json::Value> {
+    candidates
+        .iter()
+        .map(|c| json!({"id": c.id, "token": c.text, "probability": c.probability}))
         .collect()
 }
 
@@ -272,7 +275,7 @@ fn write_out(
 ) -> Result<()> {
     let mut tensors: Vec<(String, TensorData)> = saved
         .iter()
-        .map(|(site, step, value)| (format!("{site}@{step}"), value.to_data()))
+        .map(|entry| (entry.key(), entry.to_data()))
         .collect();
     let shape = [ids.len(), ids.first().map_or(0, Vec::len)];
     let flat_ids: Vec<i64> = ids.iter().flatten().map(|id| i64::from(*id)).collect();
@@ -295,7 +298,7 @@ fn report_generation(model: &Model, args: &RunArgs, generation: &Generation) -> 
     let saved: Vec<_> = generation
         .saved
         .iter()
-        .map(|(site, step, value)| (format!("{site}@{step}"), value.shape()))
+        .map(|entry| (entry.key(), entry.shape().to_vec()))
         .collect();
     if args.json {
         let prompts = args
@@ -303,11 +306,25 @@ fn report_generation(model: &Model, args: &RunArgs, generation: &Generation) -> 
             .iter()
             .enumerate()
             .map(|(row, prompt)| {
+                let steps = generation.top_next_tokens[row]
+                    .iter()
+                    .enumerate()
+                    .map(|(step, top)| {
+                        let top = top.iter().take(args.top).map(|(id, p)| (*id as usize, *p));
+                        let top = candidates(model, top.collect())?;
+                        Ok(json!({
+                            "step": step,
+                            "token": generation.new_tokens(row).get(step),
+                            "top_next_tokens": candidates_json(&top),
+                        }))
+                    })
+                    .collect::<Result<Vec<_>>>()?;
                 Ok(json!({
                     "prompt": prompt,
                     "input_ids": prompt_ids(generation, row),
                     "new_ids": generation.new_tokens(row),
                     "continuation": continuation(row)?,
+                    "steps": steps,
                 }))
             })
             .collect::<Result<Vec<_>>>()?;
@@ -359,10 +376,10 @@ fn prompt_ids(generation: &Generation, row: usize) -> Vec<u32> {
 fn saved_by_site(saved: &Saved) -> Vec<String> {
     let mut sites: Vec<(String, Vec<String>)> = Vec::new();
     let mut by_site: Vec<_> = saved.iter().collect();
-    by_site.sort_by_key(|(site, step, _)| (*site, *step));
-    for (site, step, value) in by_site {
-        let entry = format!("@{step} {:?}", value.shape());
-        let name = site.to_string();
+    by_site.sort_by_key(|entry| (entry.site, entry.index.to_string(), entry.step));
+    for entry in by_site {
+        let name = format!("{}{}", entry.site, entry.index);
+        let entry = format!("@{} {:?}", entry.step, entry.shape());
         match sites.last_mut() {
             Some((last, steps)) if *last == name => steps.push(entry),
             _ => sites.push((name, vec![entry])),
@@ -397,8 +414,8 @@ fn print_text(prompts: &[&str], trace: &Trace, top: &[Vec<Candidate>], out: Opti
     }
     if !trace.saved.is_empty() {
         println!("saved {} values:", trace.saved.len());
-        for (site, step, value) in trace.saved.iter() {
-            println!("  {site}@{step} {:?}", value.shape());
+        for entry in trace.saved.iter() {
+            println!("  {} {:?}", entry.key(), entry.shape());
         }
     }
     if let Some(path) = out {
@@ -416,16 +433,14 @@ fn print_json(args: &RunArgs, trace: &Trace, top: &[Vec<Candidate>]) {
             json!({
                 "prompt": prompt,
                 "input_ids": ids,
-                "top_next_tokens": candidates.iter().map(|c| json!({
-                    "id": c.id, "token": c.text, "probability": c.probability,
-                })).collect::<Vec<_>>(),
+                "top_next_tokens": candidates_json(candidates),
             })
         })
         .collect();
     let saved: Vec<_> = trace
         .saved
         .iter()
-        .map(|(site, step, value)| json!({"key": format!("{site}@{step}"), "shape": value.shape()}))
+        .map(|entry| json!({"key": entry.key(), "shape": entry.shape()}))
         .collect();
     let report = json!({"prompts": prompts, "saved": saved, "out": args.out});
     println!("{report:#}");

@@ -187,6 +187,17 @@ fn generation_json_carries_each_prompts_ids_without_padding() {
     let ids = |row: usize| report["prompts"][row]["input_ids"].clone();
     assert_eq!(ids(0), serde_json::json!([17250]));
     assert_eq!(ids(1), serde_json::json!([464, 10580]));
+    // Each step lists its most likely next tokens; greedy appends the first.
+    for row in 0..2 {
+        let steps = report["prompts"][row]["steps"].as_array().unwrap();
+        assert_eq!(steps.len(), 2);
+        for (step, entry) in steps.iter().enumerate() {
+            let top = entry["top_next_tokens"].as_array().unwrap();
+            assert_eq!(top.len(), 5);
+            assert_eq!(entry["token"], top[0]["id"]);
+            assert_eq!(entry["token"], report["prompts"][row]["new_ids"][step]);
+        }
+    }
 }
 
 #[test]

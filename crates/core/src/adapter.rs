@@ -32,6 +32,11 @@ pub trait CausalLm: Send + Sync {
 
     /// One call: the final hidden states through the language-model head, `[B, T, V]`.
     fn forward(&self, call: &mut Call<'_>) -> Result<Tensor<3>>;
+
+    /// A residual stream `[B, T, H]` through the final norm and the language-model head,
+    /// `[B, T, V]`: what [`CausalLm::forward`] applies after the last layer. The logit lens
+    /// applies it to every layer's output.
+    fn unembed(&self, hidden: Tensor<3>) -> Tensor<3>;
 }
 
 /// Builds an adapter's model from its config and weights.

@@ -25,6 +25,43 @@ pub enum Decoding {
     },
 }
 
+/// The `k` largest entries of `row` as `(id, value)`, largest first (ties: lowest id).
+pub fn top_k(row: &[f32], k: usize) -> Vec<(usize, f32)> {
+    let mut ids: Vec<usize> = (0..row.len()).collect();
+    let k = k.min(ids.len());
+    if k == 0 {
+        return Vec::new();
+    }
+    let order = |a: &usize, b: &usize| row[*b].total_cmp(&row[*a]).then(a.cmp(b));
+    ids.select_nth_unstable_by(k - 1, order);
+    ids.truncate(k);
+    ids.sort_by(order);
+    ids.into_iter().map(|id| (id, row[id])).collect()
+}
+
+/// A caller's decoding choices over a checkpoint's defaults (the CLI's flags, Python's keyword
+/// arguments).
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct DecodingChoice {
+    /// Sample (true) or pick greedily (false); `None`: as the checkpoint says.
+    pub sample: Option<bool>,
+    /// Sampling temperature; `None`: the checkpoint's, else 1.
+    pub temperature: Option<f32>,
+    /// Top-k; `None`: the checkpoint's, else 50.
+    pub top_k: Option<usize>,
+    /// Top-p; `None`: the checkpoint's, else 1.
+    pub top_p: Option<f32>,
+    /// Seed of the sampling stream.
+    pub seed: u64,
+}
+
+impl DecodingChoice {
+    /// Whether any sampling parameter is set (meaningless under greedy decoding).
+    pub fn sets_sampling_parameters(&self) -> bool {
+        self.temperature.is_some() || self.top_k.is_some() || self.top_p.is_some()
+    }
+}
+
 /// Decoding settings of one generation.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GenerationConfig {
@@ -42,6 +79,33 @@ pub struct GenerationConfig {
 }
 
 impl GenerationConfig {
+    /// These defaults for a generation of `max_new_tokens` with `choice` applied: sampling
+    /// keeps the checkpoint's parameters unless overridden (`transformers`' 1, 50, 1 when the
+    /// checkpoint decodes greedily).
+    pub fn with_choice(&self, max_new_tokens: usize, choice: &DecodingChoice) -> GenerationConfig {
+        let mut config = self.clone();
+        config.max_new_tokens = max_new_tokens;
+        let (sampled, temperature, top_k, top_p) = match self.decoding {
+            Decoding::Sample {
+                temperature,
+                top_k,
+                top_p,
+                ..
+            } => (true, temperature, top_k, top_p),
+            Decoding::Greedy => (false, 1.0, 50, 1.0),
+        };
+        config.decoding = match choice.sample.unwrap_or(sampled) {
+            true => Decoding::Sample {
+                temperature: choice.temperature.unwrap_or(temperature),
+                top_k: choice.top_k.unwrap_or(top_k),
+                top_p: choice.top_p.unwrap_or(top_p),
+                seed: choice.seed,
+            },
+            false => Decoding::Greedy,
+        };
+        config
+    }
+
     /// The checkpoint's defaults: `generation_config.json`, then `config.json` (each given
     /// with its path, for messages), then the `transformers` defaults (greedy; when sampling,
     /// temperature 1, top-k 50, top-p 1). A value of the wrong type is an error naming the

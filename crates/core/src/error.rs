@@ -70,8 +70,29 @@ pub enum Error {
         /// That site's position in the call order.
         needed_position: usize,
     },
-    /// A write whose value does not have the site's shape.
-    #[error("write to `{site}` at step {step}: value has shape {got:?}, the site has {expected:?}")]
+    /// A site argument (`PATTERN[INDEX][@STEPS][=FILE:KEY[*SCALE]]`) that does not parse or
+    /// does not fit the sites it names.
+    #[error("`{spec}`: {message}")]
+    InvalidSpec {
+        /// The argument as given.
+        spec: String,
+        /// What is wrong.
+        message: String,
+    },
+    /// An index that does not fit a site's value at some step.
+    #[error("`{site}` at step {step}: {message}")]
+    Index {
+        /// The site and index, as requested.
+        site: String,
+        /// The step.
+        step: usize,
+        /// What is wrong, as numpy words it.
+        message: String,
+    },
+    /// A write whose value does not broadcast to the site's shape.
+    #[error(
+        "write to `{site}` at step {step}: the value has shape {got:?}, which does not broadcast to the site's {expected:?}"
+    )]
     WriteShapeMismatch {
         /// The site written.
         site: String,
@@ -132,6 +153,20 @@ pub enum Error {
         /// The file.
         path: PathBuf,
         /// The cause.
+        message: String,
+    },
+    /// A generation stopped on request (e.g. Ctrl-C) before step `step`.
+    #[error("interrupted before step {step}")]
+    Interrupted {
+        /// The step that did not run.
+        step: usize,
+    },
+    /// A tensor a safetensors file lacks, or holds in a form that cannot be used.
+    #[error("{}: {message}", .path.display())]
+    TensorInFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with which key.
         message: String,
     },
     /// Loading found missing, misshapen or unusable weights; every problem is listed.

@@ -1,7 +1,7 @@
 //! Generation: one forward call for the prompt (step 0), then one per new token, with the
 //! requested reads and writes applied at exactly the steps they name.
 
-use crate::decoding::{GenerationConfig, TokenPicker};
+use crate::decoding::{GenerationConfig, TokenPicker, top_k};
 use crate::error::{Error, Result};
 use crate::hooks::{Interventions, Observer, Saved};
 use crate::input::Batch;
@@ -20,13 +20,25 @@ pub struct Generation {
     pub prompt_len: usize,
     /// Calls made (= tokens appended): fewer than `max_new_tokens` when every row hit EOS.
     pub steps: usize,
+    /// `[B][step]`: the [`TOP_TOKENS_RECORDED`] most likely next tokens of each step's
+    /// `next_token_probs` as `(id, probability)`, most likely first.
+    pub top_next_tokens: Vec<Vec<Vec<(u32, f32)>>>,
 }
+
+/// How many of the most likely next tokens a generation records per step and row.
+pub const TOP_TOKENS_RECORDED: usize = 5;
 
 impl Generation {
     /// The tokens generated for row `row`.
     pub fn new_tokens(&self, row: usize) -> &[u32] {
         &self.output_ids[row][self.prompt_len..]
     }
+}
+
+/// Who watches a generation: an observer of every site served, and the check before each step.
+struct Watch<'a, 'k> {
+    observer: Option<&'a mut dyn Observer>,
+    keep_going: &'k mut dyn FnMut(usize) -> bool,
 }
 
 impl Model {
@@ -43,7 +55,11 @@ impl Model {
         interventions: &Interventions,
         config: &GenerationConfig,
     ) -> Result<Generation> {
-        self.run_generation(batch, interventions, config, None)
+        let watch = Watch {
+            observer: None,
+            keep_going: &mut |_| true,
+        };
+        self.run_generation(batch, interventions, config, watch)
     }
 
     /// Like [`Model::generate`], telling `observer` of every site each call serves, in order.
@@ -54,7 +70,27 @@ impl Model {
         config: &GenerationConfig,
         observer: &mut dyn Observer,
     ) -> Result<Generation> {
-        self.run_generation(batch, interventions, config, Some(observer))
+        let watch = Watch {
+            observer: Some(observer),
+            keep_going: &mut |_| true,
+        };
+        self.run_generation(batch, interventions, config, watch)
+    }
+
+    /// Like [`Model::generate`], asking `keep_going(step)` before every call; a `false` ends
+    /// the generation with [`Error::Interrupted`] (how a notebook's Ctrl-C stops a long run).
+    pub fn generate_interruptible(
+        &self,
+        batch: &Batch,
+        interventions: &Interventions,
+        config: &GenerationConfig,
+        keep_going: &mut dyn FnMut(usize) -> bool,
+    ) -> Result<Generation> {
+        let watch = Watch {
+            observer: None,
+            keep_going,
+        };
+        self.run_generation(batch, interventions, config, watch)
     }
 
     fn run_generation<'a>(
@@ -62,8 +98,12 @@ impl Model {
         batch: &Batch,
         interventions: &'a Interventions,
         config: &GenerationConfig,
-        observer: Option<&'a mut dyn Observer>,
+        watch: Watch<'a, '_>,
     ) -> Result<Generation> {
+        let Watch {
+            observer,
+            keep_going,
+        } = watch;
         config.validate()?;
         interventions.validate(self.layout())?;
         let vocab = self.layout().vocab;
@@ -93,6 +133,7 @@ impl Model {
         let mut mask = batch.mask.clone();
         let mut ended = vec![false; batch.batch_size()];
         let mut picker = TokenPicker::new(&config.decoding);
+        let mut top_next_tokens = vec![Vec::new(); batch.batch_size()];
         let mut run = Run {
             interventions,
             saved: Saved::default(),
@@ -102,6 +143,9 @@ impl Model {
         };
         let mut steps = 0;
         while steps < config.max_new_tokens && !ended.iter().all(|e| *e) {
+            if !keep_going(steps) {
+                return Err(Error::Interrupted { step: steps });
+            }
             let fed: Vec<Vec<u32>> = if steps == 0 || !config.use_cache {
                 run.cache = self.network().new_cache();
                 ids.clone()
@@ -122,6 +166,8 @@ impl Model {
                 .try_into_vec::<f32>()
                 .map_err(|e| Error::Backend(format!("{e:?}")))?;
             for (row, row_probs) in probs.chunks(vocab).enumerate() {
+                let top = top_k(row_probs, TOP_TOKENS_RECORDED);
+                top_next_tokens[row].push(top.into_iter().map(|(id, p)| (id as u32, p)).collect());
                 let token = if ended[row] {
                     config.pad_token_id
                 } else {
@@ -145,6 +191,7 @@ impl Model {
             attention_mask: mask,
             prompt_len,
             steps,
+            top_next_tokens,
         })
     }
 }

@@ -9,6 +9,7 @@
 //! nothing about any one architecture.
 
 pub mod adapter;
+pub mod analysis;
 pub mod cache;
 pub mod call;
 pub mod decoding;

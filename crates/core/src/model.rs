@@ -249,6 +249,12 @@ impl Model {
         })
     }
 
+    /// A residual stream `[B, T, H]` through the model's final norm and language-model head,
+    /// `[B, T, V]` logits: what the forward pass applies after the last layer.
+    pub fn unembed(&self, hidden: Tensor<3>) -> Tensor<3> {
+        self.network.unembed(hidden)
+    }
+
     /// Runs the prompt call over `batch` only as far as the last site `interventions` read or
     /// write, and returns what they saved: the layers after it and the language-model head are
     /// never computed (what dataset extraction needs; nnsight's `tracer.stop()`).

@@ -222,7 +222,11 @@ impl CausalLm for GptNeox {
                 residual_block(layer, hidden, call, mixer, Some(mlp))?
             };
         }
-        Ok(self.embed_out.forward(self.final_norm.forward(hidden)))
+        Ok(self.unembed(hidden))
+    }
+
+    fn unembed(&self, hidden: Tensor<3>) -> Tensor<3> {
+        self.embed_out.forward(self.final_norm.forward(hidden))
     }
 }
 

@@ -2,6 +2,9 @@
 
 use std::collections::HashMap;
 
+use burn::tensor::TensorData;
+
+use super::index::{Index, Region};
 use super::request::{Action, Interventions, Write};
 use super::value::{SiteTensor, SiteValue};
 use crate::error::{Error, Result};
@@ -15,24 +18,81 @@ pub trait Observer {
     fn served(&mut self, step: usize, site: Site);
 }
 
-/// Values saved by reads, keyed by site and step.
+/// Values saved by reads, keyed by site, index and step.
 #[derive(Debug, Clone, Default)]
 pub struct Saved {
-    values: HashMap<(Site, usize), SiteValue>,
+    values: HashMap<(Site, Index, usize), SavedPart>,
+}
+
+/// One saved value and its numpy shape (the value keeps a length-1 axis where an integer
+/// index dropped one).
+#[derive(Debug, Clone)]
+struct SavedPart {
+    value: SiteValue,
+    shape: Vec<usize>,
+}
+
+/// One entry of [`Saved`].
+#[derive(Debug, Clone, Copy)]
+pub struct SavedEntry<'a> {
+    /// The site.
+    pub site: Site,
+    /// The part of it that was saved (empty: all of it).
+    pub index: &'a Index,
+    /// The step.
+    pub step: usize,
+    /// The value; under an integer index it keeps that axis with length 1 (see
+    /// [`SavedEntry::shape`]).
+    pub value: &'a SiteValue,
+    shape: &'a [usize],
+}
+
+impl SavedEntry<'_> {
+    /// `site[index]@step`, the name the value is written under.
+    pub fn key(&self) -> String {
+        format!("{}{}@{}", self.site, self.index, self.step)
+    }
+
+    /// The value's shape as numpy indexing gives it (integer-indexed axes dropped).
+    pub fn shape(&self) -> &[usize] {
+        self.shape
+    }
+
+    /// The value in host memory, in its numpy shape.
+    pub fn to_data(&self) -> TensorData {
+        let (bytes, _, dtype) = self.value.to_data().into_parts();
+        TensorData::from_bytes(bytes, self.shape.to_vec(), dtype)
+    }
 }
 
 impl Saved {
-    /// The value of `site` at `step`, if it was saved.
+    /// The whole value of `site` at `step`, if it was saved.
     pub fn get(&self, site: Site, step: usize) -> Option<&SiteValue> {
-        self.values.get(&(site, step))
+        self.get_indexed(site, &Index::full(), step)
     }
 
-    /// Every saved value, ordered by step, then by site.
-    pub fn iter(&self) -> impl Iterator<Item = (Site, usize, &SiteValue)> {
-        let mut keys: Vec<&(Site, usize)> = self.values.keys().collect();
-        keys.sort_by_key(|(site, step)| (*step, *site));
-        keys.into_iter()
-            .map(|key| (key.0, key.1, &self.values[key]))
+    /// The part `index` of `site` at `step`, if it was saved (keeping integer-indexed axes with
+    /// length 1).
+    pub fn get_indexed(&self, site: Site, index: &Index, step: usize) -> Option<&SiteValue> {
+        self.values
+            .get(&(site, index.clone(), step))
+            .map(|part| &part.value)
+    }
+
+    /// Every saved value, ordered by step, then by site, then by index.
+    pub fn iter(&self) -> impl Iterator<Item = SavedEntry<'_>> {
+        let mut keys: Vec<&(Site, Index, usize)> = self.values.keys().collect();
+        keys.sort_by_key(|(site, index, step)| (*step, *site, index.to_string()));
+        keys.into_iter().map(|key| {
+            let part = &self.values[key];
+            SavedEntry {
+                site: key.0,
+                index: &key.1,
+                step: key.2,
+                value: &part.value,
+                shape: &part.shape,
+            }
+        })
     }
 
     /// Number of saved values.
@@ -49,10 +109,12 @@ impl Saved {
 /// What to do at one site during this call.
 #[derive(Default)]
 struct SitePlan<'a> {
-    save: bool,
+    /// The parts to save (the full index for the whole value).
+    saves: Vec<&'a Index>,
     /// Some edit of this call reads this site's value.
     capture: bool,
-    writes: Vec<&'a Write>,
+    /// The writes, in request order, each on the part its index selects.
+    writes: Vec<(&'a Index, &'a Write)>,
 }
 
 /// The plan of `site`, creating the (dense) table on first use.
@@ -101,8 +163,8 @@ impl<'a> Hooks<'a> {
             }
             let plan = plan_of(&mut plans, layout, request.site);
             match &request.action {
-                Action::Save => plan.save = true,
-                Action::Write(write) => plan.writes.push(write),
+                Action::Save => plan.saves.push(&request.index),
+                Action::Write(write) => plan.writes.push((&request.index, write)),
             }
         }
         for source in interventions.sources_at(step) {
@@ -161,13 +223,22 @@ impl<'a> Hooks<'a> {
             return Ok(value);
         };
         let mut value = value;
-        for write in &plan.writes {
-            value = self.apply_write(site, write, value)?;
+        for (index, write) in &plan.writes {
+            value = self.apply_write(site, index, write, value)?;
         }
-        if plan.save {
+        for index in &plan.saves {
+            let whole = value.clone().into_value();
+            let (part, shape) = if index.is_full() {
+                let shape = whole.shape();
+                (whole, shape)
+            } else {
+                let region = self.region(site, index, &whole)?;
+                (whole.slice(&region.slices()), region.shape())
+            };
+            let key = (site, (*index).clone(), self.step);
             self.saved
                 .values
-                .insert((site, self.step), value.clone().into_value());
+                .insert(key, SavedPart { value: part, shape });
         }
         if plan.capture {
             self.captured.insert(slot, value.clone().into_value());
@@ -178,12 +249,66 @@ impl<'a> Hooks<'a> {
         Ok(value)
     }
 
-    fn apply_write<T: SiteTensor>(&self, site: Site, write: &Write, value: T) -> Result<T> {
-        let current = value.into_value();
-        let expected = current.shape();
-        let replacement = match write {
-            Write::Zero => current.zeros_like(),
-            Write::Set(new) => SiteValue::clone(new),
+    /// The part of `value` (the value of `site`) that `index` selects at this step.
+    fn region(&self, site: Site, index: &Index, value: &SiteValue) -> Result<Region> {
+        index
+            .resolve(&value.shape())
+            .map_err(|message| Error::Index {
+                site: format!("{site}{index}"),
+                step: self.step,
+                message,
+            })
+    }
+
+    /// Applies one write to the part `index` selects of `site`'s value.
+    fn apply_write<T: SiteTensor>(
+        &self,
+        site: Site,
+        index: &Index,
+        write: &Write,
+        value: T,
+    ) -> Result<T> {
+        let whole = value.into_value();
+        let region = match index.is_full() {
+            true => None,
+            false => Some(self.region(site, index, &whole)?),
+        };
+        let kind_error = |got: String| Error::WriteKindMismatch {
+            site: format!("{site}{index}"),
+            expected: T::describe().to_string(),
+            got,
+        };
+        if region.as_ref().is_some_and(Region::is_empty) {
+            return T::from_value(whole).ok_or_else(|| kind_error("another kind".into()));
+        }
+        let part = match &region {
+            None => whole.clone(),
+            Some(region) => whole.slice(&region.slices()),
+        };
+        let label = || format!("{site}{index}");
+        let expected = part.shape();
+        let written = match write {
+            Write::Zero => part.zeros_like(),
+            Write::Set(new) | Write::Add(new) => {
+                if std::mem::discriminant(new.as_ref()) != std::mem::discriminant(&part) {
+                    return Err(kind_error(new.describe()));
+                }
+                let operand =
+                    new.broadcast_to(&expected)
+                        .ok_or_else(|| Error::WriteShapeMismatch {
+                            site: label(),
+                            step: self.step,
+                            expected: expected.clone(),
+                            got: new.shape(),
+                        })?;
+                match write {
+                    Write::Add(_) => part.plus(operand).map_err(|message| Error::Edit {
+                        site: label(),
+                        message,
+                    })?,
+                    _ => operand,
+                }
+            }
             Write::Edit { sources, edit } => {
                 let inputs = sources
                     .iter()
@@ -192,32 +317,40 @@ impl<'a> Hooks<'a> {
                             .get(&self.layout.slot(*source))
                             .cloned()
                             .ok_or_else(|| Error::Edit {
-                                site: site.to_string(),
+                                site: label(),
                                 message: format!("source `{source}` was not served before it"),
                             })
                     })
                     .collect::<Result<Vec<_>>>()?;
-                edit(current, &inputs).map_err(|message| Error::Edit {
-                    site: site.to_string(),
+                let edited = edit(part, &inputs).map_err(|message| Error::Edit {
+                    site: label(),
                     message,
-                })?
+                })?;
+                if std::mem::discriminant(&edited) != std::mem::discriminant(&whole) {
+                    return Err(kind_error(edited.describe()));
+                }
+                if edited.shape() != expected {
+                    return Err(Error::WriteShapeMismatch {
+                        site: label(),
+                        step: self.step,
+                        expected,
+                        got: edited.shape(),
+                    });
+                }
+                edited
             }
         };
-        let got = replacement.shape();
-        let kind = replacement.describe();
-        let replacement = T::from_value(replacement).ok_or_else(|| Error::WriteKindMismatch {
-            site: site.to_string(),
-            expected: T::describe().to_string(),
-            got: kind,
-        })?;
-        if got != expected {
-            return Err(Error::WriteShapeMismatch {
-                site: site.to_string(),
-                step: self.step,
-                expected,
-                got,
-            });
-        }
-        Ok(replacement)
+        let result = match &region {
+            None => written,
+            Some(region) => {
+                whole
+                    .assign(&region.slices(), written)
+                    .map_err(|message| Error::Edit {
+                        site: label(),
+                        message,
+                    })?
+            }
+        };
+        T::from_value(result).ok_or_else(|| kind_error("another kind".into()))
     }
 }

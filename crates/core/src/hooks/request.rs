@@ -4,6 +4,7 @@ use std::fmt;
 use std::ops::Range;
 use std::sync::Arc;
 
+use super::index::Index;
 use super::value::SiteValue;
 use crate::error::{Error, Result};
 use crate::schema::{CallDims, ModelLayout, Site};
@@ -94,24 +95,57 @@ impl fmt::Display for Steps {
     }
 }
 
-/// Sites and steps named by one `PATTERN[@STEPS]` string, such as `layers.*.layer_output@1:3`.
+/// Sites, part and steps named by one `PATTERN[INDEX][@STEPS]` string, such as
+/// `layers.*.layer_output@1:3` or `layers.0.self_attn.attention_head_outputs[:, :, 3]@0`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Selection {
     /// The matching sites, in call order.
     pub sites: Vec<Site>,
+    /// The part of each site's value (numpy basic indexing; empty: all of it).
+    pub index: Index,
     /// The steps.
     pub steps: Steps,
 }
 
 impl Selection {
-    /// Parses `PATTERN[@STEPS]` against a model; `default_steps` applies when no `@` is given.
+    /// Parses `PATTERN[INDEX][@STEPS]` (the index may also follow the steps) against a model;
+    /// `default_steps` applies when no `@` is given.
     pub fn parse(layout: &ModelLayout, spec: &str, default_steps: Steps) -> Result<Selection> {
-        let (pattern, steps) = match spec.rsplit_once('@') {
-            Some((pattern, steps)) => (pattern, Steps::parse(steps)?),
-            None => (spec, default_steps),
+        let invalid = |message: String| Error::InvalidSpec {
+            spec: spec.to_string(),
+            message,
         };
+        let (unindexed, index) = match spec.split_once('[') {
+            None => (spec.to_string(), Index::full()),
+            Some((before, rest)) => {
+                let (inside, after) = rest
+                    .split_once(']')
+                    .ok_or_else(|| invalid("the index has no closing `]`".into()))?;
+                if after.contains(['[', ']']) {
+                    return Err(invalid("only one `[...]` index is allowed".into()));
+                }
+                (
+                    format!("{before}{after}"),
+                    Index::parse(inside).map_err(invalid)?,
+                )
+            }
+        };
+        let (pattern, steps) = match unindexed.rsplit_once('@') {
+            Some((pattern, steps)) => (pattern, Steps::parse(steps)?),
+            None => (unindexed.as_str(), default_steps),
+        };
+        let sites = layout.expand(pattern)?;
+        if !index.is_full() {
+            for site in &sites {
+                let rank = layout.rank(*site);
+                index
+                    .align_operand(&[], rank)
+                    .map_err(|message| invalid(format!("`{site}` has {rank} axes: {message}")))?;
+            }
+        }
         Ok(Selection {
-            sites: layout.expand(pattern)?,
+            sites,
+            index,
             steps,
         })
     }
@@ -121,12 +155,14 @@ impl Selection {
 /// source sites at the same call (in the order the sources were named).
 pub type EditFn = Arc<dyn Fn(SiteValue, &[SiteValue]) -> Result<SiteValue, String> + Send + Sync>;
 
-/// How a write changes a site's value. The new value flows on through the rest of the call and,
-/// through caches and state, into every later step.
+/// How a write changes a site's value (or the part its request's index selects). The new value
+/// flows on through the rest of the call and, through caches and state, into every later step.
 #[derive(Clone)]
 pub enum Write {
-    /// Replace the value (same shape and kind).
+    /// Replace the value by this one, broadcast to its shape (numpy rules, same rank and kind).
     Set(Box<SiteValue>),
+    /// Add this value, broadcast to the site's shape (steering, activation addition).
+    Add(Box<SiteValue>),
     /// Replace the value by zeros.
     Zero,
     /// Replace the value by a function of it and of `sources`, values served earlier in the
@@ -143,6 +179,7 @@ impl fmt::Debug for Write {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Write::Set(value) => write!(f, "Set({:?})", value.shape()),
+            Write::Add(value) => write!(f, "Add({:?})", value.shape()),
             Write::Zero => f.write_str("Zero"),
             Write::Edit { sources, .. } => write!(f, "Edit(sources: {sources:?})"),
         }
@@ -158,11 +195,13 @@ pub enum Action {
     Write(Write),
 }
 
-/// One request: a site, the steps it binds to, and what to do there.
+/// One request: a site, the part of it, the steps it binds to, and what to do there.
 #[derive(Debug, Clone)]
 pub struct Request {
     /// The site.
     pub site: Site,
+    /// The part of the site's value read or written (empty: all of it).
+    pub index: Index,
     /// The steps it applies at.
     pub steps: Steps,
     /// Read or write.
@@ -191,6 +230,12 @@ impl Interventions {
     /// Replaces `site` by `value` at `steps`.
     pub fn set(mut self, site: Site, steps: Steps, value: SiteValue) -> Self {
         self.push(site, steps, Action::Write(Write::Set(Box::new(value))));
+        self
+    }
+
+    /// Adds `value` (broadcast to the site's shape) to `site` at `steps`.
+    pub fn add(mut self, site: Site, steps: Steps, value: SiteValue) -> Self {
+        self.push(site, steps, Action::Write(Write::Add(Box::new(value))));
         self
     }
 
@@ -225,10 +270,17 @@ impl Interventions {
         self
     }
 
-    /// Adds a request.
+    /// Adds a request on the whole value of `site`.
     pub fn push(&mut self, site: Site, steps: Steps, action: Action) {
+        self.push_indexed(site, Index::full(), steps, action);
+    }
+
+    /// Adds a request on the part `index` selects of `site`'s value: a save keeps that part
+    /// (numpy-shaped), a write changes only it (a set or add broadcasting to its shape).
+    pub fn push_indexed(&mut self, site: Site, index: Index, steps: Steps, action: Action) {
         self.requests.push(Request {
             site,
+            index,
             steps,
             action,
         });

@@ -1,6 +1,33 @@
 //! Rank-erased site values: what a read returns and a write supplies.
 
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Device, Int, Shape, Slice, Tensor, TensorData};
+
+/// Applies `$body` to the tensor of whichever variant `$value` is, rewrapping the result in the
+/// same variant.
+macro_rules! each_variant {
+    ($value:expr, $t:ident => $body:expr) => {
+        match $value {
+            SiteValue::Ids($t) => SiteValue::Ids($body),
+            SiteValue::Float2($t) => SiteValue::Float2($body),
+            SiteValue::Float3($t) => SiteValue::Float3($body),
+            SiteValue::Float4($t) => SiteValue::Float4($body),
+        }
+    };
+}
+
+/// Applies `$body` to the tensors of two values of the same variant (`Some` of the rewrapped
+/// result), or gives `None` when their variants differ.
+macro_rules! pair_variants {
+    ($a:expr, $b:expr, ($x:ident, $y:ident) => $body:expr) => {
+        match ($a, $b) {
+            (SiteValue::Ids($x), SiteValue::Ids($y)) => Some(SiteValue::Ids($body)),
+            (SiteValue::Float2($x), SiteValue::Float2($y)) => Some(SiteValue::Float2($body)),
+            (SiteValue::Float3($x), SiteValue::Float3($y)) => Some(SiteValue::Float3($body)),
+            (SiteValue::Float4($x), SiteValue::Float4($y)) => Some(SiteValue::Float4($body)),
+            _ => None,
+        }
+    };
+}
 
 /// The value at a site: token ids or float activations of rank 2 to 4.
 ///
@@ -50,12 +77,56 @@ impl SiteValue {
 
     /// The same value with every element zero.
     pub fn zeros_like(&self) -> SiteValue {
-        match self {
-            SiteValue::Ids(t) => SiteValue::Ids(t.zeros_like()),
-            SiteValue::Float2(t) => SiteValue::Float2(t.zeros_like()),
-            SiteValue::Float3(t) => SiteValue::Float3(t.zeros_like()),
-            SiteValue::Float4(t) => SiteValue::Float4(t.zeros_like()),
+        each_variant!(self, t => t.zeros_like())
+    }
+
+    /// A float value of `shape` (rank 2 to 4) holding `values` in row-major order.
+    pub fn from_floats(values: Vec<f32>, shape: &[usize], device: &Device) -> Result<Self, String> {
+        let data = TensorData::new(values, shape.to_vec());
+        match shape.len() {
+            2 => Ok(SiteValue::Float2(Tensor::from_data(data, device))),
+            3 => Ok(SiteValue::Float3(Tensor::from_data(data, device))),
+            4 => Ok(SiteValue::Float4(Tensor::from_data(data, device))),
+            rank => Err(format!("site values have rank 2 to 4, not {rank}")),
         }
+    }
+
+    /// The part of the value `slices` select (one slice per axis; the rank is kept).
+    pub fn slice(&self, slices: &[Slice]) -> SiteValue {
+        each_variant!(self, t => t.clone().slice(slices))
+    }
+
+    /// The value with the part `slices` select replaced by `part` (of that part's shape and
+    /// this value's kind).
+    pub fn assign(self, slices: &[Slice], part: SiteValue) -> Result<SiteValue, String> {
+        let (kind, own) = (part.describe(), self.describe());
+        pair_variants!(self, part, (t, p) => t.slice_assign(slices, p))
+            .ok_or_else(|| format!("cannot write {kind} into {own}"))
+    }
+
+    /// The value broadcast (numpy rules, same rank) to `shape`, or `None` if it does not
+    /// broadcast.
+    pub fn broadcast_to(&self, shape: &[usize]) -> Option<SiteValue> {
+        let own = self.shape();
+        if own.len() != shape.len() || own.iter().zip(shape).any(|(a, b)| a != b && *a != 1) {
+            return None;
+        }
+        if own == shape {
+            return Some(self.clone());
+        }
+        let shape = Shape::from(shape.to_vec());
+        Some(each_variant!(self, t => t.clone().expand(shape.clone())))
+    }
+
+    /// Element-wise sum with `other` (same kind and shape); token ids cannot be added to.
+    pub fn plus(self, other: SiteValue) -> Result<SiteValue, String> {
+        if matches!(self, SiteValue::Ids(_)) {
+            return Err("token ids cannot be added to; use a set".into());
+        }
+        let kind = other.describe();
+        let own = self.describe();
+        pair_variants!(self, other, (t, o) => t + o)
+            .ok_or_else(|| format!("cannot add {kind} to {own}"))
     }
 }
 

@@ -110,6 +110,36 @@ impl Checkpoint {
         Ok(checkpoint)
     }
 
+    /// Opens one safetensors file of any tensors (e.g. values saved by `hookscope run --out`).
+    pub fn open_file(path: &Path) -> Result<Checkpoint> {
+        Checkpoint::from_shards(path, vec![(path.to_path_buf(), Bytes::map(path)?)])
+    }
+
+    /// One stored tensor as f32 values with its shape. Errors name the file and the key, and
+    /// list the keys the file holds when it lacks this one.
+    pub fn tensor_f32(&self, name: &str) -> Result<(Vec<f32>, Vec<usize>)> {
+        let error = |message: String| Error::TensorInFile {
+            path: self.origin.clone(),
+            message,
+        };
+        if !self.contains(name) {
+            let names = self.names();
+            let shown: Vec<String> = names.iter().take(12).map(|n| format!("`{n}`")).collect();
+            let more = names.len().saturating_sub(shown.len());
+            return Err(error(format!(
+                "no tensor `{name}`; it holds {}{}",
+                shown.join(", "),
+                if more > 0 {
+                    format!(" and {more} more")
+                } else {
+                    String::new()
+                }
+            )));
+        }
+        self.read(name)
+            .map_err(|message| error(format!("tensor `{name}`: {message}")))
+    }
+
     /// A checkpoint held in memory (the embedded default model).
     pub(crate) fn from_static(origin: &Path, bytes: &'static [u8]) -> Result<Checkpoint> {
         let path = origin.join("model.safetensors");

@@ -109,6 +109,11 @@ impl<M: Mixer, F: FeedForward> HybridDecoder<M, F> {
                 }),
             )?;
         }
-        Ok(self.lm_head.forward(self.norm.forward(hidden)))
+        Ok(self.unembed(hidden))
+    }
+
+    /// A residual stream `[B, T, H]` through the final norm and the head.
+    pub fn unembed(&self, hidden: Tensor<3>) -> Tensor<3> {
+        self.lm_head.forward(self.norm.forward(hidden))
     }
 }

@@ -108,6 +108,29 @@ impl ModelLayout {
             .map_or(SymbolicShape(&[]), |row| row.shape)
     }
 
+    /// The number of axes of a site's value.
+    pub fn rank(&self, site: Site) -> usize {
+        self.symbolic_shape(site).0.len()
+    }
+
+    /// A site's shape with the model's own sizes filled in and `None` for the axes that vary
+    /// from call to call (`B`, `T`, `S`).
+    pub fn fixed_shape(&self, site: Site) -> Vec<Option<usize>> {
+        let mixer = match site {
+            Site::Layer { layer, .. } => self.layers.get(layer).map(|l| l.mixer),
+            _ => None,
+        };
+        let unused = CallDims::at_step(0, 0, 0);
+        self.symbolic_shape(site)
+            .0
+            .iter()
+            .map(|dim| match dim {
+                B | T | S => None,
+                _ => Some(self.resolve_dim(*dim, mixer.as_ref(), unused)),
+            })
+            .collect()
+    }
+
     /// The concrete shape of a site in a call of the given dimensions.
     pub fn shape(&self, site: Site, call: CallDims) -> Vec<usize> {
         let mixer = match site {

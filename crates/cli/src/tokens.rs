@@ -1,0 +1,40 @@
+//! Token text for reports: decoding single ids and prompt tokens as labels.
+
+use hookscope::{Batch, Model, Result};
+
+/// The text of one token, or `<ID>` for a model without a tokenizer.
+pub fn token_text(model: &Model, id: usize) -> Result<String> {
+    match model.tokenizer() {
+        Some(tokenizer) => tokenizer.decode(&[id as u32]),
+        None => Ok(format!("<{id}>")),
+    }
+}
+
+/// The tokens of row `row` of `batch` (padding skipped) as text labels.
+pub fn prompt_labels(model: &Model, batch: &Batch, row: usize) -> Result<Vec<String>> {
+    batch.ids[row]
+        .iter()
+        .zip(&batch.mask[row])
+        .filter(|(_, real)| **real)
+        .map(|(id, _)| token_text(model, *id as usize))
+        .collect()
+}
+
+/// Encodes `text` and requires exactly one token (for metrics naming a token).
+pub fn single_token(model: &Model, text: &str) -> Result<u32> {
+    if let Some(id) = text.strip_prefix('#').and_then(|id| id.parse::<u32>().ok()) {
+        return Ok(id);
+    }
+    let tokenizer = model.tokenizer().ok_or_else(|| {
+        hookscope::Error::InvalidInput(format!(
+            "this model has no tokenizer: name `{text}` by id as `#ID`"
+        ))
+    })?;
+    match tokenizer.encode(text)?.as_slice() {
+        [id] => Ok(*id),
+        ids => Err(hookscope::Error::InvalidInput(format!(
+            "`{text}` is {} tokens, not one (write `#ID` to name a token by id)",
+            ids.len()
+        ))),
+    }
+}

@@ -1,0 +1,270 @@
+//! The research toolkit end to end: patching from a saved run (`--set`), the logit lens,
+//! attention maps and the activation-patching sweep.
+
+use std::path::PathBuf;
+use std::process::{Command, Output};
+
+use serde_json::Value;
+
+fn hookscope(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_hookscope"))
+        .args(args)
+        .output()
+        .expect("the hookscope binary runs")
+}
+
+fn json(output: &Output) -> Value {
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    serde_json::from_slice(&output.stdout).unwrap()
+}
+
+fn failure(output: &Output) -> String {
+    assert_eq!(output.status.code(), Some(1), "expected a clean failure");
+    String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+fn model() -> String {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../conformance/fixtures/gpt2-tiny")
+        .display()
+        .to_string()
+}
+
+fn top_ids(report: &Value) -> Vec<u64> {
+    report["prompts"][0]["top_next_tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn setting_the_last_layer_from_a_saved_run_gives_that_runs_prediction() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = dir.path().join("donor.safetensors");
+    let model = model();
+    let donor = json(&hookscope(&[
+        "run",
+        &model,
+        "--prompt",
+        "The cat sat on the",
+        "--json",
+        "--save",
+        "layers.1.layer_output",
+        "--out",
+        out.to_str().unwrap(),
+    ]));
+    let own = json(&hookscope(&[
+        "run",
+        &model,
+        "--prompt",
+        "A dog ran to a",
+        "--json",
+    ]));
+    assert_ne!(
+        top_ids(&donor),
+        top_ids(&own),
+        "the prompts must differ to show anything"
+    );
+    let source = format!(
+        "layers.1.layer_output={}:layers.1.layer_output@0",
+        out.display()
+    );
+    let patched = json(&hookscope(&[
+        "run",
+        &model,
+        "--prompt",
+        "A dog ran to a",
+        "--json",
+        "--set",
+        &source,
+    ]));
+    assert_eq!(top_ids(&patched), top_ids(&donor));
+    // The same value saved under an index is written back under that index.
+    let last = format!(
+        "layers.1.layer_output[:, -1]={}:layers.1.layer_output@0",
+        out.display()
+    );
+    let error = failure(&hookscope(&[
+        "run",
+        &model,
+        "--prompt",
+        "A dog ran to a",
+        "--set",
+        &last,
+    ]));
+    assert!(error.contains("cannot broadcast"), "{error}");
+}
+
+#[test]
+fn the_lens_reports_every_layer_and_position_and_ends_at_the_models_prediction() {
+    let model = model();
+    let prompt = "The cat sat on the";
+    let report = json(&hookscope(&[
+        "lens", &model, "--prompt", prompt, "--top-k", "3", "--json",
+    ]));
+    let layers = report["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 2);
+    for layer in layers {
+        let positions = layer["positions"].as_array().unwrap();
+        assert_eq!(positions.len(), 5);
+        for position in positions {
+            let probs: Vec<f64> = position["top"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|t| t["prob"].as_f64().unwrap())
+                .collect();
+            assert_eq!(probs.len(), 3);
+            assert!(probs.windows(2).all(|w| w[0] >= w[1]), "{probs:?}");
+        }
+    }
+    let run = json(&hookscope(&[
+        "run", &model, "--prompt", prompt, "--json", "--top", "3",
+    ]));
+    let lens_last: Vec<u64> = layers[1]["positions"][4]["top"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(lens_last, top_ids(&run));
+    let table = hookscope(&["lens", &model, "--prompt", prompt]);
+    assert!(table.status.success());
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        text.starts_with("layer") && text.contains("\" cat\""),
+        "{text}"
+    );
+}
+
+#[test]
+fn attention_maps_draw_and_print() {
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("attention.png");
+    let model = model();
+    let args = [
+        "attention",
+        &model,
+        "--prompt",
+        "one two three",
+        "--layer",
+        "1",
+    ];
+    let output = hookscope(&[&args[..], &["--png", png.to_str().unwrap()]].concat());
+    assert!(
+        output.status.success(),
+        "{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    let bytes = std::fs::read(&png).unwrap();
+    assert!(bytes.starts_with(b"\x89PNG\r\n\x1a\n") && bytes.len() > 1000);
+    let text = hookscope(&[&args[..], &["--head", "0"]].concat());
+    let text = String::from_utf8_lossy(&text.stdout).into_owned();
+    assert_eq!(text.lines().count(), 1 + 3, "{text}");
+    assert!(
+        text.contains("layer 1 head 0") && text.contains("top: 0"),
+        "{text}"
+    );
+    let error = failure(&hookscope(&[&args[..], &["--head", "9"]].concat()));
+    assert!(error.contains("--head 9: layer 1 has 4 heads"), "{error}");
+    let error = failure(&hookscope(&[
+        "attention",
+        &model,
+        "--prompt",
+        "x",
+        "--layer",
+        "5",
+    ]));
+    assert!(
+        error.contains("layer 5") && error.contains("2 layers"),
+        "{error}"
+    );
+}
+
+#[test]
+fn the_patching_sweep_restores_the_clean_run_at_the_last_layers_last_position() {
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("patch.png");
+    let model = model();
+    let report = json(&hookscope(&[
+        "patch",
+        &model,
+        "--clean",
+        "The cat sat on the",
+        "--corrupt",
+        "The dog sat on the",
+        "--site",
+        "layers.*.layer_output",
+        "--metric",
+        "logit-diff: mat, floor",
+        "--json",
+        "--png",
+        png.to_str().unwrap(),
+    ]));
+    assert_eq!(report["positions"].as_array().unwrap().len(), 5);
+    let sites = report["sites"].as_array().unwrap();
+    assert_eq!(sites.len(), 2);
+    let scores = |k: usize| -> Vec<f64> {
+        sites[k]["scores"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|s| s.as_f64().unwrap())
+            .collect()
+    };
+    // Before the differing token nothing changes; the last layer acts only through its last
+    // position, which carries the whole clean prediction.
+    for k in 0..2 {
+        assert!(scores(k)[0].abs() < 1e-4, "{:?}", scores(k));
+    }
+    let last = scores(1);
+    assert!((last[4] - 1.0).abs() < 1e-4, "{last:?}");
+    assert!(last[..4].iter().all(|s| s.abs() < 1e-4), "{last:?}");
+    assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG"));
+
+    let error = failure(&hookscope(&[
+        "patch",
+        &model,
+        "--clean",
+        "The cat sat",
+        "--corrupt",
+        "A dog",
+        "--site",
+        "layers.*.layer_output",
+        "--metric",
+        "prob: mat",
+    ]));
+    assert!(error.contains("same length"), "{error}");
+    let error = failure(&hookscope(&[
+        "patch",
+        &model,
+        "--clean",
+        "The cat",
+        "--corrupt",
+        "The dog",
+        "--site",
+        "layers.*.layer_output",
+        "--metric",
+        "prob: tablecloth-like",
+    ]));
+    assert!(error.contains("not one"), "{error}");
+    let error = failure(&hookscope(&[
+        "patch",
+        &model,
+        "--clean",
+        "The cat",
+        "--corrupt",
+        "The dog",
+        "--site",
+        "layers.0.self_attn.attention_keys",
+        "--metric",
+        "kl",
+    ]));
+    assert!(error.contains("--metric `kl`"), "{error}");
+}

@@ -1,0 +1,87 @@
+"""Type stubs for hookscope's native module."""
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+import numpy.typing as npt
+
+ArrayLike = npt.ArrayLike
+Prompts = str | Sequence[str] | Sequence[Sequence[int]]
+
+class Error(Exception):
+    """Any hookscope error (the CLI's message)."""
+
+class LoadError(Error):
+    """A model, checkpoint, config, tokenizer or file that cannot be used."""
+
+class SiteError(Error):
+    """A site, pattern, index or steps request that does not fit the model or the run."""
+
+class WriteError(Error):
+    """A written value of the wrong shape or kind, or an edit that failed."""
+
+class InputError(Error):
+    """Prompts, options or values that cannot be run."""
+
+class Run:
+    """What `Model.trace` and `Model.generate` return."""
+
+    saved: dict[str, np.ndarray]
+    """Saved values by key `SITE[INDEX]@STEP`: float32 arrays (int64 for `input_ids`)."""
+    output_ids: npt.NDArray[np.int64]
+    """`[B, T0 + N]`: the left-padded prompts and the generated tokens."""
+    attention_mask: npt.NDArray[np.int64] | None
+    """`[B, T0 + N]`, 1 at real tokens, for a padded batch; None otherwise."""
+    text: list[str]
+    """Each row's prompt and continuation, padding skipped."""
+    new_text: list[str]
+    """Each row's continuation only (empty strings for a trace)."""
+    steps: int
+    """Calls made: 1 for a trace; for a generation, the tokens appended."""
+
+class Model:
+    """A loaded model."""
+
+    def __init__(self, model: str | None = None, *, dtype: str | None = None, device: str | None = None) -> None:
+        """Load a local Hugging Face directory, a hub id, or (None) the embedded default model.
+        `dtype` accepts only "float32" and `device` only "cpu" in this build."""
+
+    def encode(self, text: str) -> list[int]:
+        """The token ids of `text` (no special tokens added)."""
+
+    def decode(self, ids: Sequence[int]) -> str:
+        """The text of token ids."""
+
+    def sites(self, prompt_len: int = 10, step: int = 1, batch: int = 1) -> list[dict[str, Any]]:
+        """Every site in call order: `name`, symbolic `shape`, `step0` and `decode` shapes."""
+
+    def trace(
+        self,
+        prompts: Prompts,
+        *,
+        save: Sequence[str] | None = None,
+        zero: Sequence[str] | None = None,
+        add: Mapping[str, ArrayLike] | None = None,
+        set: Mapping[str, ArrayLike] | None = None,
+    ) -> Run:
+        """One forward call (step 0). `save`/`zero` take `PATTERN[INDEX]`; `add`/`set` map such a
+        target to an array that broadcasts to the selected value."""
+
+    def generate(
+        self,
+        prompts: Prompts,
+        max_new_tokens: int,
+        *,
+        greedy: bool | None = None,
+        temperature: float | None = None,
+        top_k: int | None = None,
+        top_p: float | None = None,
+        seed: int = 0,
+        save: Sequence[str] | None = None,
+        zero: Sequence[str] | None = None,
+        add: Mapping[str, ArrayLike] | None = None,
+        set: Mapping[str, ArrayLike] | None = None,
+    ) -> Run:
+        """Generate up to `max_new_tokens` tokens per prompt, with reads and writes at the steps
+        they name (`@K`, `@A:B`, `@all`; default every step). Ctrl-C raises KeyboardInterrupt
+        between steps."""

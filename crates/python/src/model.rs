@@ -1,0 +1,345 @@
+//! `hookscope.Model`: loading, the site table, traces and generation.
+
+use hookscope::burn::tensor::Device;
+use hookscope::decoding::DecodingChoice;
+use hookscope::hooks::RequestSpecs;
+use hookscope::schema::CallDims;
+use hookscope::{Batch, Decoding, Generation, Interventions, Model, ModelSource, Steps};
+use pyo3::prelude::*;
+use pyo3::types::{PyDict, PyList};
+
+use crate::arrays::{ids_to_numpy, mask_to_numpy, operand, to_numpy};
+use crate::errors::{InputError, IntoPyResult};
+use crate::run::PyRun;
+
+/// A loaded model.
+#[pyclass(name = "Model", module = "hookscope", frozen)]
+pub struct PyModel {
+    /// Boxed: the model holds 64-byte-aligned values, and Python allocates its objects with
+    /// less alignment than that.
+    model: Box<Model>,
+}
+
+/// The requests of one call, in the CLI's syntax.
+struct Requests<'py> {
+    save: Option<Vec<String>>,
+    zero: Option<Vec<String>>,
+    add: Option<Bound<'py, PyDict>>,
+    set: Option<Bound<'py, PyDict>>,
+}
+
+impl Requests<'_> {
+    /// The interventions they make on `model`.
+    fn interventions(
+        self,
+        model: &Model,
+        default_steps: &Steps,
+        generating: bool,
+    ) -> PyResult<Interventions> {
+        let values = |dict: Option<Bound<'_, PyDict>>, what: &str| -> PyResult<Vec<_>> {
+            let Some(dict) = dict else {
+                return Ok(Vec::new());
+            };
+            dict.iter()
+                .map(|(key, value)| {
+                    let target: String = key.extract().map_err(|_| {
+                        InputError::new_err(format!("{what}: keys are site strings"))
+                    })?;
+                    let value = operand(&value, &format!("{what}[{target:?}]"))?;
+                    Ok((target, value))
+                })
+                .collect()
+        };
+        let specs = RequestSpecs {
+            save: self.save.unwrap_or_default(),
+            zero: self.zero.unwrap_or_default(),
+            add_values: values(self.add, "add")?,
+            set_values: values(self.set, "set")?,
+            ..RequestSpecs::default()
+        };
+        specs
+            .interventions(model.layout(), default_steps, generating, model.device())
+            .py()
+    }
+}
+
+impl PyModel {
+    /// Prompts as text (one string or a list) or as token ids (a list of lists).
+    fn batch(&self, prompts: &Bound<'_, PyAny>) -> PyResult<Batch> {
+        if let Ok(text) = prompts.extract::<String>() {
+            return self.model.encode(&[text.as_str()]).py();
+        }
+        if let Ok(texts) = prompts.extract::<Vec<String>>() {
+            let texts: Vec<&str> = texts.iter().map(String::as_str).collect();
+            return self.model.encode(&texts).py();
+        }
+        if let Ok(ids) = prompts.extract::<Vec<Vec<u32>>>() {
+            return self.model.batch(ids).py();
+        }
+        Err(InputError::new_err(
+            "prompts: a string, a list of strings, or a list of token id lists",
+        ))
+    }
+
+    /// The batch and requests of a call; a request without `@STEPS` binds to step 0 of a trace
+    /// and to every step of a generation.
+    fn prepare(
+        &self,
+        prompts: &Bound<'_, PyAny>,
+        requests: Requests<'_>,
+        generating: bool,
+    ) -> PyResult<(Batch, Interventions)> {
+        let batch = self.batch(prompts)?;
+        let default_steps = if generating { Steps::All } else { Steps::At(0) };
+        let interventions = requests.interventions(&self.model, &default_steps, generating)?;
+        Ok((batch, interventions))
+    }
+
+    /// Each row's text (padding skipped) from `start` on.
+    fn decode_rows(
+        &self,
+        ids: &[Vec<u32>],
+        mask: &[Vec<bool>],
+        start: usize,
+    ) -> PyResult<Vec<String>> {
+        ids.iter()
+            .zip(mask)
+            .map(|(row, real)| {
+                let tokens: Vec<u32> = row[start.min(row.len())..]
+                    .iter()
+                    .zip(&real[start.min(real.len())..])
+                    .filter(|(_, real)| **real)
+                    .map(|(id, _)| *id)
+                    .collect();
+                match self.model.tokenizer() {
+                    Some(tokenizer) => tokenizer.decode(&tokens).py(),
+                    None => Ok(format!("{tokens:?}")),
+                }
+            })
+            .collect()
+    }
+
+    fn result(
+        &self,
+        py: Python<'_>,
+        saved: &hookscope::Saved,
+        (ids, mask): (&[Vec<u32>], &[Vec<bool>]),
+        (prompt_len, steps): (usize, usize),
+    ) -> PyResult<PyRun> {
+        let dict = PyDict::new(py);
+        for entry in saved.iter() {
+            dict.set_item(entry.key(), to_numpy(py, entry.to_data())?)?;
+        }
+        let padded = mask.iter().flatten().any(|real| !real);
+        let attention_mask = match padded {
+            true => mask_to_numpy(py, mask)?.unbind(),
+            false => py.None(),
+        };
+        let new_text = match steps > 1 || prompt_len < ids.first().map_or(0, Vec::len) {
+            true => self.decode_rows(ids, mask, prompt_len)?,
+            false => vec![String::new(); ids.len()],
+        };
+        Ok(PyRun {
+            saved: dict.unbind(),
+            output_ids: ids_to_numpy(py, ids)?.unbind(),
+            attention_mask,
+            text: self.decode_rows(ids, mask, 0)?,
+            new_text,
+            steps,
+        })
+    }
+}
+
+#[pymethods]
+impl PyModel {
+    /// Loads `model`: a local Hugging Face directory, a hub id, or None for the embedded
+    /// default model. `dtype` and `device` take only "float32" and "cpu" in this build.
+    #[new]
+    #[pyo3(signature = (model = None, *, dtype = None, device = None))]
+    fn new(
+        py: Python<'_>,
+        model: Option<String>,
+        dtype: Option<String>,
+        device: Option<String>,
+    ) -> PyResult<Self> {
+        if let Some(dtype) = dtype.filter(|d| d != "float32" && d != "f32") {
+            return Err(InputError::new_err(format!(
+                "dtype={dtype:?}: this build stores weights in float32 only"
+            )));
+        }
+        if let Some(device) = device.filter(|d| d != "cpu") {
+            return Err(InputError::new_err(format!(
+                "device={device:?}: this build runs on the CPU only"
+            )));
+        }
+        let source = match model {
+            Some(spec) => ModelSource::resolve(&spec).py()?,
+            None => hookscope::default_model(),
+        };
+        let model = py
+            .detach(|| Model::load(&source, &Device::default()))
+            .py()?;
+        Ok(PyModel {
+            model: Box::new(model),
+        })
+    }
+
+    /// Every site in call order: `{"name", "shape", "step0", "decode"}` with the symbolic
+    /// shape and the shapes at the prompt call and at decode step `step`.
+    #[pyo3(signature = (prompt_len = 10, step = 1, batch = 1))]
+    fn sites<'py>(
+        &self,
+        py: Python<'py>,
+        prompt_len: usize,
+        step: usize,
+        batch: usize,
+    ) -> PyResult<Bound<'py, PyList>> {
+        if prompt_len.checked_add(step).is_none() {
+            return Err(InputError::new_err("prompt_len + step overflows"));
+        }
+        let layout = self.model.layout();
+        let prompt = CallDims::at_step(batch, prompt_len, 0);
+        let decode = CallDims::at_step(batch, prompt_len, step.max(1));
+        let rows = PyList::empty(py);
+        for site in layout.call_order() {
+            let row = PyDict::new(py);
+            row.set_item("name", site.to_string())?;
+            row.set_item("shape", layout.symbolic_shape(site).to_string())?;
+            row.set_item("step0", layout.shape(site, prompt))?;
+            row.set_item("decode", layout.shape(site, decode))?;
+            rows.append(row)?;
+        }
+        Ok(rows)
+    }
+
+    /// One forward call (step 0) over `prompts`, with reads and writes in the CLI's syntax:
+    /// `save=["layers.*.layer_output[:, -1]"]`, `zero=[...]`, `add={SITE: array}`,
+    /// `set={SITE: array}` (arrays broadcast to the selected value).
+    #[pyo3(signature = (prompts, *, save = None, zero = None, add = None, set = None))]
+    #[allow(clippy::too_many_arguments)] // Python keyword arguments
+    fn trace<'py>(
+        &self,
+        py: Python<'py>,
+        prompts: &Bound<'py, PyAny>,
+        save: Option<Vec<String>>,
+        zero: Option<Vec<String>>,
+        add: Option<Bound<'py, PyDict>>,
+        set: Option<Bound<'py, PyDict>>,
+    ) -> PyResult<PyRun> {
+        let requests = Requests {
+            save,
+            zero,
+            add,
+            set,
+        };
+        let (batch, interventions) = self.prepare(prompts, requests, false)?;
+        let trace = py
+            .detach(|| self.model.trace(&batch, &interventions))
+            .py()?;
+        self.result(
+            py,
+            &trace.saved,
+            (&batch.ids, &batch.mask),
+            (batch.len(), 1),
+        )
+    }
+
+    /// Generates up to `max_new_tokens` tokens per prompt (greedy unless `greedy=False` or the
+    /// checkpoint samples; `temperature`, `top_k`, `top_p` and `seed` as `transformers`). Reads
+    /// and writes as in `trace`, with `@STEPS` (default: every step). Ctrl-C stops it between
+    /// steps with `KeyboardInterrupt`.
+    #[pyo3(signature = (
+        prompts, max_new_tokens, *, greedy = None, temperature = None, top_k = None,
+        top_p = None, seed = 0, save = None, zero = None, add = None, set = None
+    ))]
+    #[allow(clippy::too_many_arguments)] // Python keyword arguments
+    fn generate<'py>(
+        &self,
+        py: Python<'py>,
+        prompts: &Bound<'py, PyAny>,
+        max_new_tokens: usize,
+        greedy: Option<bool>,
+        temperature: Option<f32>,
+        top_k: Option<usize>,
+        top_p: Option<f32>,
+        seed: u64,
+        save: Option<Vec<String>>,
+        zero: Option<Vec<String>>,
+        add: Option<Bound<'py, PyDict>>,
+        set: Option<Bound<'py, PyDict>>,
+    ) -> PyResult<PyRun> {
+        let requests = Requests {
+            save,
+            zero,
+            add,
+            set,
+        };
+        let (batch, interventions) = self.prepare(prompts, requests, true)?;
+        let choice = DecodingChoice {
+            sample: greedy.map(|greedy| !greedy),
+            temperature,
+            top_k,
+            top_p,
+            seed,
+        };
+        let config = self
+            .model
+            .generation_config()
+            .with_choice(max_new_tokens, &choice);
+        if matches!(config.decoding, Decoding::Greedy) && choice.sets_sampling_parameters() {
+            return Err(InputError::new_err(
+                "temperature, top_k and top_p apply only when sampling: pass greedy=False",
+            ));
+        }
+        let mut interrupt = None;
+        let generation: hookscope::Result<Generation> = py.detach(|| {
+            self.model
+                .generate_interruptible(&batch, &interventions, &config, &mut |_| {
+                    Python::attach(|py| match py.check_signals() {
+                        Ok(()) => true,
+                        Err(error) => {
+                            interrupt = Some(error);
+                            false
+                        }
+                    })
+                })
+        });
+        if let Some(error) = interrupt {
+            return Err(error);
+        }
+        let generation = generation.py()?;
+        self.result(
+            py,
+            &generation.saved,
+            (&generation.output_ids, &generation.attention_mask),
+            (generation.prompt_len, generation.steps),
+        )
+    }
+
+    /// The token ids of `text` (no special tokens added).
+    fn encode(&self, text: &str) -> PyResult<Vec<u32>> {
+        let tokenizer = self.model.tokenizer().ok_or_else(|| {
+            InputError::new_err("this model has no tokenizer.json: pass token ids")
+        })?;
+        tokenizer.encode(text).py()
+    }
+
+    /// The text of token ids.
+    fn decode(&self, ids: Vec<u32>) -> PyResult<String> {
+        match self.model.tokenizer() {
+            Some(tokenizer) => tokenizer.decode(&ids).py(),
+            None => Ok(format!("{ids:?}")),
+        }
+    }
+
+    fn __repr__(&self) -> String {
+        let layout = self.model.layout();
+        format!(
+            "Model({}, {} layers, hidden {}, vocabulary {})",
+            self.model.architecture().name,
+            layout.layers.len(),
+            layout.hidden,
+            layout.vocab
+        )
+    }
+}

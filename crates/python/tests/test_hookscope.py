@@ -1,0 +1,167 @@
+"""hookscope from Python: the seed's examples, parity with the committed fixtures, errors as
+exceptions, and writes matching the CLI's."""
+
+import json
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+import hookscope
+
+ROOT = Path(__file__).resolve().parents[3]
+FIXTURES = ROOT / "conformance" / "fixtures"
+PROMPT = "The Eiffel Tower is in the city of"
+
+
+@pytest.fixture(scope="module")
+def default():
+    return hookscope.Model()
+
+
+def test_shapes_per_step_and_argmax_is_the_appended_token(default):
+    g = default.generate(PROMPT, max_new_tokens=3, greedy=True, save=["layers.1.layer_output", "next_token_probs"])
+    t0 = g.output_ids.shape[1] - 3
+    shapes = [g.saved[f"layers.1.layer_output@{k}"].shape for k in range(3)]
+    assert shapes == [(1, t0, 32), (1, 1, 32), (1, 1, 32)]
+    argmax = [int(g.saved[f"next_token_probs@{k}"].argmax(-1)[0]) for k in range(3)]
+    assert argmax == g.output_ids[0, -3:].tolist()
+    assert g.output_ids.dtype == np.int64 and g.attention_mask is None
+    assert g.text[0].startswith(PROMPT) and g.text[0] == PROMPT + g.new_text[0]
+    assert g.steps == 3
+
+
+def test_a_decode_steps_values(default):
+    g = default.generate(
+        PROMPT,
+        max_new_tokens=3,
+        save=[
+            "input_ids@1",
+            "layers.1.self_attn.attention_keys@1",
+            "layers.1.self_attn.attention_probabilities@1",
+            "layers.1.layer_output[:, -1]@1",
+        ],
+    )
+    t0 = g.output_ids.shape[1] - 3
+    assert g.saved["input_ids@1"].tolist() == [[int(g.output_ids[0, t0])]]
+    assert g.saved["layers.1.self_attn.attention_keys@1"].shape == (1, 4, t0 + 1, 8)
+    assert g.saved["layers.1.self_attn.attention_probabilities@1"].shape == (1, 4, 1, t0 + 1)
+    assert g.saved["layers.1.layer_output[:, -1]@1"].shape == (1, 32)
+
+
+def test_a_zero_write_at_step_1_keeps_step_0s_token(default):
+    plain = default.generate(PROMPT, max_new_tokens=3, greedy=True)
+    zeroed = default.generate(PROMPT, max_new_tokens=3, greedy=True, zero=["layers.1.layer_output@1"])
+    assert zeroed.output_ids[0, -3] == plain.output_ids[0, -3]
+    assert zeroed.output_ids[0, -2:].tolist() != plain.output_ids[0, -2:].tolist()
+
+
+def test_saved_values_match_the_committed_transformers_reference():
+    fixture = FIXTURES / "gpt2-tied"
+    prompt = json.loads((fixture / "reference.json").read_text())["prompts"][0]
+    reference = load_file(str(fixture / "reference.safetensors"))
+    model = hookscope.Model(str(fixture))
+    sites = ["layers.*.layer_output", "layers.*.self_attn.attention_probabilities", "logits"]
+    t = model.trace([prompt], save=sites)
+    assert len(t.saved) == 7
+    for key, value in t.saved.items():
+        expected = reference[f"prompt0/{key}"]
+        assert value.shape == expected.shape, key
+        assert np.abs(value - expected).max() < 1e-4, key
+
+
+def test_batches_are_left_padded_with_a_mask(default):
+    t = default.trace(["Hello", "The Eiffel Tower is in"], save=["logits[:, -1]"])
+    assert t.attention_mask is not None and t.attention_mask[0, 0] == 0
+    assert t.saved["logits[:, -1]@0"].shape == (2, 50257)
+    alone = default.trace("Hello", save=["logits[:, -1]"])
+    assert np.abs(alone.saved["logits[:, -1]@0"][0] - t.saved["logits[:, -1]@0"][0]).max() < 1e-4
+
+
+def test_errors_are_exceptions_with_the_clis_messages(default):
+    with pytest.raises(hookscope.SiteError, match="layers.1.layer_output"):
+        default.trace(PROMPT, save=["layers.1.layer_outptu"])
+    with pytest.raises(hookscope.SiteError, match="index 9 is out of bounds for axis 2 with size 4"):
+        default.trace(PROMPT, zero=["layers.0.self_attn.attention_head_outputs[:, :, 9]"])
+    with pytest.raises(hookscope.SiteError, match=r"does not broadcast to the selected value's \[B, T, 32\]"):
+        default.trace(PROMPT, add={"layers.0.layer_output": np.ones(31)})
+    with pytest.raises(hookscope.WriteError, match="does not broadcast"):
+        default.trace(PROMPT, set={"layers.0.layer_output": np.ones((2, 32))})
+    with pytest.raises(hookscope.SiteError, match="single trace"):
+        default.trace(PROMPT, save=["logits@2"])
+    with pytest.raises(hookscope.LoadError):
+        hookscope.Model("/nonexistent/model")
+    with pytest.raises(hookscope.InputError, match="float32"):
+        hookscope.Model(dtype="bfloat16")
+    assert issubclass(hookscope.SiteError, hookscope.Error)
+
+
+def test_steering_and_patching_match_the_cli(default, tmp_path):
+    binary = os.environ.get("HOOKSCOPE_BIN") or shutil.which("hookscope")
+    if binary is None:
+        candidate = ROOT / "target" / "debug" / "hookscope"
+        binary = str(candidate) if candidate.exists() else None
+    if binary is None:
+        pytest.skip("no hookscope binary (set HOOKSCOPE_BIN)")
+    assert Path(binary).exists(), f"HOOKSCOPE_BIN={binary} does not exist"
+    steer = np.random.default_rng(0).standard_normal(32).astype(np.float32)
+    patch = np.random.default_rng(1).standard_normal((1, 2, 32)).astype(np.float32)
+    save_file({"steer": steer, "patch": patch}, str(tmp_path / "ops.safetensors"))
+    out = tmp_path / "cli.safetensors"
+    ops = tmp_path / "ops.safetensors"
+    subprocess.run(
+        [binary, "run", "--prompt", PROMPT, "--max-new-tokens", "3", "--greedy",
+         "--add", f"layers.0.layer_output@all={ops}:steer*3",
+         "--set", f"layers.1.layer_output[:, 1:3]@0={ops}:patch",
+         "--save", "logits", "--out", str(out)],
+        check=True, capture_output=True,
+    )
+    cli = load_file(str(out))
+    py = default.generate(
+        PROMPT, max_new_tokens=3, greedy=True, save=["logits"],
+        add={"layers.0.layer_output@all": steer * 3}, set={"layers.1.layer_output[:, 1:3]@0": patch},
+    )
+    assert py.output_ids.tolist() == cli["output_ids"].tolist()
+    for k in range(3):
+        assert np.abs(py.saved[f"logits@{k}"] - cli[f"logits@{k}"]).max() < 1e-5
+
+
+def test_array_likes_are_accepted(default):
+    base = default.trace(PROMPT, save=["layers.0.layer_output"])
+    shifted = default.trace(PROMPT, save=["layers.0.layer_output"], add={"layers.0.layer_output": [0.5] * 32})
+    delta = shifted.saved["layers.0.layer_output@0"] - base.saved["layers.0.layer_output@0"]
+    assert np.allclose(delta, 0.5, atol=1e-5)
+    torch = pytest.importorskip("torch")
+    via_torch = default.trace(PROMPT, save=["layers.0.layer_output"], add={"layers.0.layer_output": torch.full((32,), 0.5)})
+    assert np.allclose(via_torch.saved["layers.0.layer_output@0"], shifted.saved["layers.0.layer_output@0"])
+
+
+def test_sites_lists_the_shape_table(default):
+    sites = default.sites(prompt_len=5, step=2)
+    first = sites[0]
+    assert first == {"name": "input_ids", "shape": "[B, T]", "step0": [1, 5], "decode": [1, 1]}
+    keys = next(s for s in sites if s["name"] == "layers.0.self_attn.attention_keys")
+    assert keys["decode"] == [1, 4, 7, 8]
+    assert "Model(gpt2, 2 layers" in repr(default)
+    assert default.decode(default.encode(PROMPT)) == PROMPT
+
+
+def test_an_interrupt_stops_a_generation_between_steps(default):
+    import _thread
+    import threading
+    import time
+
+    start = time.perf_counter()
+    default.generate("And", max_new_tokens=120, greedy=True)
+    whole = time.perf_counter() - start
+    # What Ctrl-C does in a notebook: the main thread's interrupt flag, set while the native
+    # call runs with the GIL released.
+    threading.Timer(whole / 4, _thread.interrupt_main).start()
+    start = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        default.generate("And", max_new_tokens=120, greedy=True)
+    assert time.perf_counter() - start < 0.9 * whole
