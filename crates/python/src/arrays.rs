@@ -29,19 +29,13 @@ pub fn to_numpy<'py>(py: Python<'py>, data: TensorData) -> PyResult<Bound<'py, P
     Ok(array)
 }
 
-/// Token ids `[B][T]` as an int64 numpy array.
-pub fn ids_to_numpy<'py>(py: Python<'py>, rows: &[Vec<u32>]) -> PyResult<Bound<'py, PyAny>> {
+/// Rows `[B][T]` of token ids or mask flags as an int64 numpy array.
+pub fn rows_to_numpy<'py, T: Copy + Into<i64>>(
+    py: Python<'py>,
+    rows: &[Vec<T>],
+) -> PyResult<Bound<'py, PyAny>> {
     let width = rows.first().map_or(0, Vec::len);
-    let flat: Vec<i64> = rows.iter().flatten().map(|id| i64::from(*id)).collect();
-    Ok(PyArray1::from_vec(py, flat)
-        .reshape([rows.len(), width])?
-        .into_any())
-}
-
-/// A mask `[B][T]` as an int64 numpy array (1 at real tokens).
-pub fn mask_to_numpy<'py>(py: Python<'py>, rows: &[Vec<bool>]) -> PyResult<Bound<'py, PyAny>> {
-    let width = rows.first().map_or(0, Vec::len);
-    let flat: Vec<i64> = rows.iter().flatten().map(|m| i64::from(*m)).collect();
+    let flat: Vec<i64> = rows.iter().flatten().map(|v| (*v).into()).collect();
     Ok(PyArray1::from_vec(py, flat)
         .reshape([rows.len(), width])?
         .into_any())

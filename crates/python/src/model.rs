@@ -8,7 +8,7 @@ use hookscope::{Batch, Decoding, Generation, Interventions, Model, ModelSource, 
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
-use crate::arrays::{ids_to_numpy, mask_to_numpy, operand, to_numpy};
+use crate::arrays::{operand, rows_to_numpy, to_numpy};
 use crate::errors::{InputError, IntoPyResult};
 use crate::run::PyRun;
 
@@ -132,7 +132,7 @@ impl PyModel {
         }
         let padded = mask.iter().flatten().any(|real| !real);
         let attention_mask = match padded {
-            true => mask_to_numpy(py, mask)?.unbind(),
+            true => rows_to_numpy(py, mask)?.unbind(),
             false => py.None(),
         };
         let new_text = match steps > 1 || prompt_len < ids.first().map_or(0, Vec::len) {
@@ -141,7 +141,7 @@ impl PyModel {
         };
         Ok(PyRun {
             saved: dict.unbind(),
-            output_ids: ids_to_numpy(py, ids)?.unbind(),
+            output_ids: rows_to_numpy(py, ids)?.unbind(),
             attention_mask,
             text: self.decode_rows(ids, mask, 0)?,
             new_text,

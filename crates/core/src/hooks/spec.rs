@@ -245,17 +245,17 @@ fn push_request(
             selection.steps
         )));
     }
-    if matches!(kind, SpecKind::Add | SpecKind::Set) && operand.is_none() {
-        return Err(invalid(
-            "a set or an addition needs a tensor to write".into(),
-        ));
-    }
     for site in &selection.sites {
         let operand_shape = operand.as_ref().map(|operand| operand.shape.as_slice());
         precheck(layout, *site, &selection, operand_shape)
             .map_err(|message| invalid(format!("for `{site}`: {message}")))?;
-        let action = match (&operand, kind) {
-            (Some(operand), SpecKind::Add | SpecKind::Set) => {
+        let action = match kind {
+            SpecKind::Save => Action::Save,
+            SpecKind::Zero => Action::Write(Write::Zero),
+            SpecKind::Add | SpecKind::Set => {
+                let operand = operand.as_ref().ok_or_else(|| {
+                    invalid("a set or an addition needs a tensor to write".into())
+                })?;
                 let value = aligned_operand(operand, &selection, layout.rank(*site), device)
                     .map_err(|message| invalid(format!("for `{site}`: {message}")))?;
                 match kind {
@@ -263,8 +263,6 @@ fn push_request(
                     _ => Action::Write(Write::Set(Box::new(value))),
                 }
             }
-            (_, SpecKind::Zero) => Action::Write(Write::Zero),
-            _ => Action::Save,
         };
         interventions.push_indexed(
             *site,
