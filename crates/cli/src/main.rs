@@ -3,6 +3,7 @@
 mod attention;
 mod bench;
 mod extract;
+mod interrupt;
 mod lens;
 mod model_arg;
 mod patch;
@@ -88,13 +89,7 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // Generation with saved sites allocates fresh buffers every step: keep freed memory.
     hookscope::memory::keep_freed_memory();
-    // Interrupted (Ctrl-C, SIGTERM, SIGHUP): leave no half-written output file behind.
-    let interrupted = ctrlc::set_handler(|| {
-        hookscope::output::remove_partial_files();
-        eprintln!("interrupted");
-        std::process::exit(130);
-    });
-    if let Err(error) = interrupted {
+    if let Err(error) = interrupt::remove_partial_output_on_interrupt() {
         eprintln!(
             "warning: cannot watch for interruption ({error}); an interrupted --out may leave a temporary file"
         );

@@ -378,3 +378,40 @@ fn bench_runs_in_a_debug_build() {
     ]);
     assert!(bench.status.success(), "{}", stderr(&bench));
 }
+
+/// SIGTERM while `extract` waits for its prompts: the signal watch cleans up and exits 130.
+#[cfg(unix)]
+#[test]
+fn a_terminated_command_says_so_and_exits_130() {
+    let dir = tempfile::tempdir().unwrap();
+    let prompts = dir.path().join("prompts.fifo");
+    let made = Command::new("mkfifo").arg(&prompts).status().unwrap();
+    assert!(made.success(), "mkfifo");
+    let child = Command::new(env!("CARGO_BIN_EXE_hookscope"))
+        .args(["extract", fixture("gpt2-tiny").to_str().unwrap()])
+        .args(["--save", "logits", "--prompts"])
+        .arg(&prompts)
+        .arg("--out-dir")
+        .arg(dir.path().join("out"))
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Opening the write end waits for hookscope to open the read end, after it set its watch.
+    let writer = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&prompts)
+        .unwrap();
+    let killed = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success(), "kill");
+    let output = child.wait_with_output().unwrap();
+    drop(writer);
+    assert_eq!(output.status.code(), Some(130), "{}", stderr(&output));
+    assert!(
+        stderr(&output).contains("interrupted"),
+        "{}",
+        stderr(&output)
+    );
+}

@@ -1,0 +1,31 @@
+//! Interruption: Ctrl-C, SIGTERM or SIGHUP ends the command without leaving a half-written output
+//! file behind.
+
+use std::io;
+
+/// Watches for Ctrl-C, SIGTERM and SIGHUP on a background thread; on the first one, removes the
+/// partial output files and exits with status 130.
+#[cfg(unix)]
+pub fn remove_partial_output_on_interrupt() -> io::Result<()> {
+    use signal_hook::consts::{SIGHUP, SIGINT, SIGTERM};
+    let mut signals = signal_hook::iterator::Signals::new([SIGINT, SIGTERM, SIGHUP])?;
+    std::thread::Builder::new()
+        .name("interrupt".into())
+        .spawn(move || {
+            if signals.forever().next().is_some() {
+                hookscope::output::remove_partial_files();
+                eprintln!("interrupted");
+                std::process::exit(130);
+            }
+        })?;
+    Ok(())
+}
+
+/// Signals are a Unix watch: elsewhere an interrupted `--out` may leave its temporary file.
+#[cfg(not(unix))]
+pub fn remove_partial_output_on_interrupt() -> io::Result<()> {
+    Err(io::Error::new(
+        io::ErrorKind::Unsupported,
+        "signals are watched on Unix only",
+    ))
+}
