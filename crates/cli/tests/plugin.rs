@@ -12,7 +12,9 @@ fn hookscope(args: &[&str]) -> Output {
 }
 
 /// The example plugin, built beside the `hookscope` binary under test (brought up to date here:
-/// a plugin left from another build of hookscope-core is refused, as it should be).
+/// a plugin left from another build of hookscope-core is refused, as it should be). It is built
+/// with the whole workspace, so its dependencies' features are the binary's: a build of the
+/// plugin package alone resolves them anew and compiles the burn stack a second time.
 fn example_plugin() -> PathBuf {
     let binary = PathBuf::from(env!("CARGO_BIN_EXE_hookscope"));
     let dir = binary.parent().expect("the binary has a folder");
@@ -23,7 +25,7 @@ fn example_plugin() -> PathBuf {
     ));
     let profile = dir.file_name().and_then(|n| n.to_str()).unwrap_or("debug");
     let mut cargo = Command::new(env!("CARGO"));
-    cargo.args(["build", "-p", "hookscope-plugin-gptneox"]);
+    cargo.args(["build", "--workspace"]);
     if profile == "release" {
         cargo.arg("--release");
     }
