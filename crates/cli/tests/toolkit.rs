@@ -228,43 +228,43 @@ fn the_patching_sweep_restores_the_clean_run_at_the_last_layers_last_position() 
     assert!(last[..4].iter().all(|s| s.abs() < 1e-4), "{last:?}");
     assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG"));
 
-    let error = failure(&hookscope(&[
-        "patch",
-        &model,
-        "--clean",
-        "The cat sat",
-        "--corrupt",
-        "A dog",
-        "--site",
-        "layers.*.layer_output",
-        "--metric",
-        "prob: mat",
-    ]));
-    assert!(error.contains("same length"), "{error}");
-    let error = failure(&hookscope(&[
-        "patch",
-        &model,
-        "--clean",
-        "The cat",
-        "--corrupt",
-        "The dog",
-        "--site",
-        "layers.*.layer_output",
-        "--metric",
-        "prob: tablecloth-like",
-    ]));
-    assert!(error.contains("not one"), "{error}");
-    let error = failure(&hookscope(&[
-        "patch",
-        &model,
-        "--clean",
-        "The cat",
-        "--corrupt",
-        "The dog",
-        "--site",
-        "layers.0.self_attn.attention_keys",
-        "--metric",
-        "kl",
-    ]));
-    assert!(error.contains("--metric `kl`"), "{error}");
+    // (clean, corrupt, site, metric, what the error must say)
+    let refused = [
+        (
+            "The cat sat",
+            "A dog",
+            "layers.*.layer_output",
+            "prob: mat",
+            "same length",
+        ),
+        (
+            "The cat",
+            "The dog",
+            "layers.*.layer_output",
+            "prob: tablecloth-like",
+            "not one",
+        ),
+        (
+            "The cat",
+            "The dog",
+            "layers.0.self_attn.attention_keys",
+            "kl",
+            "--metric `kl`",
+        ),
+    ];
+    for (clean, corrupt, site, metric, needle) in refused {
+        let error = failure(&hookscope(&[
+            "patch",
+            &model,
+            "--clean",
+            clean,
+            "--corrupt",
+            corrupt,
+            "--site",
+            site,
+            "--metric",
+            metric,
+        ]));
+        assert!(error.contains(needle), "{metric}: {error}");
+    }
 }
