@@ -1,21 +1,94 @@
 //! Affine maps `y = x W + b`.
 //!
-//! The weight is kept as stored: a torch `[out, in]` matrix is used through a transposed view,
-//! never copied. The map folds every leading axis into the rows of one 2-D matrix product, which
-//! reads strided operands directly (burn's `linear` would first copy a strided weight, on every
-//! call). Products with few rows (decoding) take the bandwidth-bound path of `matvec`.
+//! The map folds every leading axis into the rows of one 2-D matrix product. On the CPU
+//! (`flex`) backend in f32 the weight is packed once, when the map is built, into the panels of
+//! `packed` (the original matrix is then dropped unless something else holds it, as a tied
+//! embedding table does), and every product, prompt call or decode step, runs there. On other
+//! backends the weight stays a burn tensor: a torch `[out, in]` matrix used through a transposed
+//! view, which burn's matmul reads directly (burn's `linear` would copy it on every call).
 
-use burn::tensor::Tensor;
+use std::sync::Arc;
 
-use super::{Embedding, matvec};
+use burn::backend::Flex;
+use burn::backend::flex::FlexTensor;
+use burn::tensor::{DType, Tensor, TensorData};
+
+use super::Embedding;
+use super::packed::PackedMatrix;
 use crate::error::Result;
 use crate::loading::WeightLoader;
 
-/// An affine map; `weight` is an `[in, out]` view of the stored matrix.
+/// An affine map from the last axis of its input.
 #[derive(Debug, Clone)]
 pub struct Linear {
-    weight: Tensor<2>,
+    weight: Weight,
     bias: Option<Tensor<1>>,
+}
+
+/// Where a map's weight lives.
+#[derive(Debug, Clone)]
+enum Weight {
+    /// Packed for the CPU kernels (`flex` backend, f32).
+    Packed(Arc<PackedMatrix>),
+    /// An `[in, out]` view of the stored matrix, for burn's matmul.
+    Tensor(Box<Tensor<2>>),
+}
+
+impl Weight {
+    /// Packs an `[in, out]` view when it lives on the CPU backend as dense f32.
+    fn new(weight: Tensor<2>) -> Self {
+        match pack(&weight) {
+            Some(packed) => Weight::Packed(Arc::new(packed)),
+            None => Weight::Tensor(Box::new(weight)),
+        }
+    }
+}
+
+fn pack(weight: &Tensor<2>) -> Option<PackedMatrix> {
+    let [d_in, d_out] = weight.dims();
+    let primitive = f32_primitive(weight)?;
+    let layout = primitive.layout();
+    let [in_stride, out_stride] = layout.strides() else {
+        return None;
+    };
+    let (in_stride, out_stride) = (
+        usize::try_from(*in_stride).ok()?,
+        usize::try_from(*out_stride).ok()?,
+    );
+    let storage = &primitive.storage::<f32>()[layout.start_offset()..];
+    let last = (d_in.checked_sub(1)?) * in_stride + (d_out.checked_sub(1)?) * out_stride;
+    (last < storage.len()).then(|| PackedMatrix::pack(storage, d_in, d_out, in_stride, out_stride))
+}
+
+/// The tensor's `flex` storage when it lives on that backend as `f32`.
+fn f32_primitive<const D: usize>(tensor: &Tensor<D>) -> Option<FlexTensor> {
+    let primitive = tensor.clone().try_into_primitive::<Flex>().ok()?;
+    (primitive.dtype() == DType::F32).then_some(primitive)
+}
+
+/// `x W + b` on the packed kernels.
+fn packed_forward(packed: &PackedMatrix, x: Tensor<2>, bias: Option<&Tensor<1>>) -> Tensor<2> {
+    let [rows, _] = x.dims();
+    let x = dense_f32(x);
+    let bias = bias.map(|bias| dense_f32(bias.clone()));
+    let y = packed.multiply(dense_slice(&x), rows, bias.as_ref().map(dense_slice));
+    let y = FlexTensor::from_data(TensorData::new(y, [rows, packed.d_out()]));
+    Tensor::from_primitive::<Flex>(y)
+}
+
+/// The tensor as dense f32 `flex` storage (copied only when it is strided, or converted when it
+/// lives elsewhere).
+fn dense_f32<const D: usize>(tensor: Tensor<D>) -> FlexTensor {
+    match f32_primitive(&tensor) {
+        Some(primitive) => primitive.to_contiguous(),
+        None => FlexTensor::from_data(tensor.into_data().convert::<f32>()),
+    }
+}
+
+fn dense_slice(tensor: &FlexTensor) -> &[f32] {
+    tensor
+        .as_slice::<f32>()
+        .expect("`dense_f32` returns contiguous f32 storage")
 }
 
 impl Linear {
@@ -27,7 +100,7 @@ impl Linear {
         d_out: usize,
     ) -> Result<Self> {
         Ok(Linear {
-            weight: loader.tensor(&format!("{name}.weight"), [d_in, d_out])?,
+            weight: Weight::new(loader.tensor(&format!("{name}.weight"), [d_in, d_out])?),
             bias: Some(loader.tensor(&format!("{name}.bias"), [d_out])?),
         })
     }
@@ -46,7 +119,7 @@ impl Linear {
             false => None,
         };
         Ok(Linear {
-            weight: weight.transpose(),
+            weight: Weight::new(weight.transpose()),
             bias,
         })
     }
@@ -55,25 +128,40 @@ impl Linear {
     /// `[vocab, hidden]` embedding table.
     pub fn from_out_in(weight: Tensor<2>) -> Self {
         Linear {
-            weight: weight.transpose(),
+            weight: Weight::new(weight.transpose()),
             bias: None,
         }
     }
 
-    /// A language-model head: the embedding table itself when `tied`, else the stored torch
-    /// `[vocab, hidden]` matrix `{name}.weight`.
+    /// A language-model head: the embedding table itself when `tied` (one copy serves both),
+    /// else the stored torch `[vocab, hidden]` matrix `{name}.weight`.
     pub fn head(
         loader: &mut WeightLoader<'_>,
         name: &str,
-        embeddings: &Embedding,
+        embeddings: &mut Embedding,
         tied: bool,
     ) -> Result<Self> {
-        let table = embeddings.table();
         if tied {
-            return Ok(Linear::from_out_in(table));
+            return Ok(embeddings.tied_head());
         }
-        let [vocab, hidden] = table.dims();
+        let [vocab, hidden] = embeddings.dims();
         Linear::load_torch(loader, name, hidden, vocab, false)
+    }
+
+    /// A bias-free map over an already packed matrix.
+    pub(crate) fn from_packed(packed: Arc<PackedMatrix>) -> Self {
+        Linear {
+            weight: Weight::Packed(packed),
+            bias: None,
+        }
+    }
+
+    /// The packed weight, where the map has one.
+    pub(crate) fn packed(&self) -> Option<Arc<PackedMatrix>> {
+        match &self.weight {
+            Weight::Packed(packed) => Some(packed.clone()),
+            Weight::Tensor(_) => None,
+        }
     }
 
     /// Applies the map to the last axis.
@@ -82,16 +170,26 @@ impl Linear {
         let d_in = dims[D - 1];
         let rows = dims[..D - 1].iter().product::<usize>();
         let x = x.reshape([rows, d_in]);
-        dims[D - 1] = self.weight.dims()[1];
-        if let Some(y) = matvec::try_forward(&x, &self.weight, self.bias.as_ref()) {
-            return y.reshape(dims);
-        }
-        let y = x.matmul(self.weight.clone());
-        let y = match &self.bias {
-            Some(bias) => y + bias.clone().unsqueeze::<2>(),
-            None => y,
+        let y = match &self.weight {
+            Weight::Packed(packed) => {
+                dims[D - 1] = packed.d_out();
+                packed_forward(packed, x, self.bias.as_ref())
+            }
+            Weight::Tensor(weight) => {
+                dims[D - 1] = weight.dims()[1];
+                self.burn_forward(x, weight)
+            }
         };
         y.reshape(dims)
+    }
+
+    /// `x W + b` through burn's matmul.
+    fn burn_forward(&self, x: Tensor<2>, weight: &Tensor<2>) -> Tensor<2> {
+        let y = x.matmul(weight.clone());
+        match &self.bias {
+            Some(bias) => y + bias.clone().unsqueeze::<2>(),
+            None => y,
+        }
     }
 }
 
@@ -107,30 +205,46 @@ mod tests {
         Tensor::from_data(TensorData::new(values, dims), &Device::default())
     }
 
-    /// Both stored orientations `Linear` keeps (a `Conv1D` `[in, out]` matrix with bias, a
-    /// torch/tied `[out, in]` matrix viewed transposed) take the few-row path, and a decode-sized
-    /// call agrees with the same rows computed by burn's matmul inside a longer call.
+    /// Both stored orientations (a `Conv1D` `[in, out]` matrix with bias, a torch/tied
+    /// `[out, in]` matrix viewed transposed) are packed, and decode-sized and prompt-sized calls,
+    /// with leading axes folded, agree with burn's matmul on the original matrices.
     #[test]
-    fn decode_rows_take_the_few_row_path_and_match_long_calls() {
-        let (d_in, d_out, rows) = (24, 40, matvec::MAX_ROWS + 4);
+    fn packed_maps_match_burn_matmul_in_both_orientations() {
+        let (d_in, d_out) = (24, 40);
         let bias = random([1, d_out], 3).reshape([d_out]);
+        let in_out = random([d_in, d_out], 1);
+        let out_in = random([d_out, d_in], 2);
         let maps = [
-            Linear {
-                weight: random([d_in, d_out], 1),
-                bias: Some(bias),
-            },
-            Linear::from_out_in(random([d_out, d_in], 2)),
+            (
+                Linear {
+                    weight: Weight::new(in_out.clone()),
+                    bias: Some(bias.clone()),
+                },
+                in_out,
+                Some(bias),
+            ),
+            (
+                Linear::from_out_in(out_in.clone()),
+                out_in.transpose(),
+                None,
+            ),
         ];
-        let long = random([rows, d_in], 4);
-        for map in maps {
-            let first = long.clone().slice([0..1, 0..d_in]);
-            assert!(matvec::try_forward(&first, &map.weight, map.bias.as_ref()).is_some());
-            assert!(matvec::try_forward(&long, &map.weight, map.bias.as_ref()).is_none());
-            let alone = map.forward(first).into_data().try_to_vec::<f32>().unwrap();
-            let within = map.forward(long.clone()).slice([0..1, 0..d_out]);
-            let within = within.into_data().try_to_vec::<f32>().unwrap();
-            for (a, b) in alone.iter().zip(&within) {
-                assert!((a - b).abs() < 1e-5, "{a} vs {b}");
+        for (map, weight, bias) in maps {
+            assert!(matches!(map.weight, Weight::Packed(_)), "packed on flex");
+            for rows in [1, 9, 40] {
+                let x = random([rows, d_in], 4 + rows as u64);
+                let mut expected = x.clone().matmul(weight.clone());
+                if let Some(bias) = &bias {
+                    expected = expected + bias.clone().unsqueeze::<2>();
+                }
+                let folded = map
+                    .forward(x.reshape([1, rows, d_in]))
+                    .reshape([rows, d_out]);
+                let folded = folded.into_data().try_to_vec::<f32>().unwrap();
+                let expected = expected.into_data().try_to_vec::<f32>().unwrap();
+                for (a, b) in folded.iter().zip(&expected) {
+                    assert!((a - b).abs() < 1e-5, "{rows} rows: {a} vs {b}");
+                }
             }
         }
     }

@@ -9,10 +9,10 @@ mod decoder;
 mod embedding;
 mod fastmath;
 mod linear;
-mod matvec;
 mod mlp;
 mod moe;
 mod norm;
+mod packed;
 mod rotary;
 
 pub use activation::Activation;

@@ -1,0 +1,481 @@
+//! Matrix products with a weight packed once, at load, for the CPU's vector units.
+//!
+//! A prompt call multiplies many rows by every weight matrix; a decode step multiplies one row
+//! per sequence. Both are served here by one register-blocked, cache-tiled product (the BLIS
+//! loop nest) whose weight operand was rearranged at load into panels of [`PANEL`] columns,
+//! each panel `[in, PANEL]` contiguous and 64-byte aligned. A call therefore never repacks the
+//! weight (burn's `gemm` repacks it on every call, a pass over the whole matrix), and a decode
+//! step streams each weight element exactly once, in memory order.
+//!
+//! The inner kernel keeps an `R x PANEL` tile of outputs in registers (up to [`TILE_ROWS`] rows:
+//! 24 AVX-512 accumulators) and adds one rank-1 update per input index: two aligned panel loads,
+//! `R` broadcasts of the activations (packed per call into `[in, R]` strips), `2R` fused
+//! multiply-adds. Inputs are taken in blocks of [`DEPTH_BLOCK`] so that a panel's block stays in
+//! L1 while every row strip passes over it, and rows in blocks of [`ROW_BLOCK`] so that the
+//! strips stay in L2 while the panels pass. The output columns are split over rayon's threads.
+//! AVX-512 kernels are picked at run time; elsewhere a portable kernel (AVX2 with FMA where the
+//! CPU has it) computes the same products.
+
+use std::ops::Range;
+
+use multiversion::{multiversion, target::selected_target};
+use rayon::prelude::*;
+
+/// Output columns per packed panel: two AVX-512 vectors.
+pub(crate) const PANEL: usize = 32;
+/// Most output rows one kernel call keeps in registers.
+const TILE_ROWS: usize = 12;
+/// Inputs per block: a panel's block (`DEPTH_BLOCK x PANEL` floats, 32 KiB) fits in L1.
+const DEPTH_BLOCK: usize = 256;
+/// Rows per block: their packed strips (`ROW_BLOCK x DEPTH_BLOCK` floats, 192 KiB) stay in L2.
+const ROW_BLOCK: usize = 16 * TILE_ROWS;
+
+/// Panel rows ahead of the kernel that it asks the cache to fetch.
+const PREFETCH_ROWS: usize = 16;
+
+/// One input index's slice of a panel: `PANEL` weights, aligned for whole-vector loads.
+#[derive(Debug, Clone, Copy)]
+#[repr(C, align(64))]
+struct PanelRow([f32; PANEL]);
+
+/// A weight matrix `[in, out]` rearranged into column panels.
+#[derive(Debug)]
+pub(crate) struct PackedMatrix {
+    /// Panel `p`, input `k` at `rows[p * d_in + k]`; columns past `d_out` hold zeros.
+    rows: Vec<PanelRow>,
+    d_in: usize,
+    d_out: usize,
+}
+
+impl PackedMatrix {
+    /// Packs the `[d_in, d_out]` matrix whose element `(k, n)` is
+    /// `source[k * in_stride + n * out_stride]` (either storage orientation).
+    ///
+    /// # Panics
+    /// If `source` is shorter than those strides address (a caller bug, not bad input: the
+    /// caller passes a tensor's own storage and strides).
+    pub(crate) fn pack(
+        source: &[f32],
+        d_in: usize,
+        d_out: usize,
+        in_stride: usize,
+        out_stride: usize,
+    ) -> Self {
+        let panels = d_out.div_ceil(PANEL);
+        let mut rows = vec![PanelRow([0.0; PANEL]); panels * d_in];
+        if d_in > 0 {
+            rows.par_chunks_mut(d_in)
+                .enumerate()
+                .for_each(|(panel, panel_rows)| {
+                    let columns = panel * PANEL..d_out.min((panel + 1) * PANEL);
+                    for (j, n) in columns.enumerate() {
+                        for (k, row) in panel_rows.iter_mut().enumerate() {
+                            row.0[j] = source[k * in_stride + n * out_stride];
+                        }
+                    }
+                });
+        }
+        PackedMatrix { rows, d_in, d_out }
+    }
+
+    /// Columns `ids` of the matrix as rows: `[ids.len(), d_in]`, row-major. A tied
+    /// embedding table packed as a language-model head is looked up this way.
+    ///
+    /// # Panics
+    /// If an id is not below `d_out` (callers validate token ids first).
+    pub(crate) fn columns(&self, ids: &[usize]) -> Vec<f32> {
+        let mut rows = Vec::with_capacity(ids.len() * self.d_in);
+        for &id in ids {
+            assert!(id < self.d_out, "column {id} of {}", self.d_out);
+            let panel = &self.rows[id / PANEL * self.d_in..][..self.d_in];
+            rows.extend(panel.iter().map(|row| row.0[id % PANEL]));
+        }
+        rows
+    }
+
+    /// Input width (rows of the weight matrix).
+    pub(crate) fn d_in(&self) -> usize {
+        self.d_in
+    }
+
+    /// Output width (columns of the weight matrix).
+    pub(crate) fn d_out(&self) -> usize {
+        self.d_out
+    }
+
+    /// `x W + b` for `x: [rows, d_in]` row-major; the result is `[rows, d_out]` row-major.
+    ///
+    /// # Panics
+    /// If `x` or `bias` do not have the lengths the sizes imply (a caller bug).
+    pub(crate) fn multiply(&self, x: &[f32], rows: usize, bias: Option<&[f32]>) -> Vec<f32> {
+        let (d_in, d_out) = (self.d_in, self.d_out);
+        assert_eq!(x.len(), rows * d_in, "activation length");
+        if let Some(bias) = bias {
+            assert_eq!(bias.len(), d_out, "bias length");
+        }
+        let mut y = vec![0.0; rows * d_out];
+        if rows == 0 || d_out == 0 {
+            return y;
+        }
+        let strips = pack_strips(x, rows, d_in);
+        let panels = d_out.div_ceil(PANEL);
+        let tasks = rayon::current_num_threads().clamp(1, panels);
+        let output = OutputPtr(y.as_mut_ptr());
+        let kernel = Kernel::detect();
+        (0..tasks).into_par_iter().for_each(|task| {
+            let mine = task * panels / tasks..(task + 1) * panels / tasks;
+            let product = Product {
+                packed: self,
+                strips: &strips,
+                rows,
+                bias,
+                output,
+                kernel,
+            };
+            product.panels(mine);
+        });
+        y
+    }
+}
+
+/// The output buffer, shared by tasks that write disjoint columns of it.
+#[derive(Clone, Copy)]
+struct OutputPtr(*mut f32);
+
+// SAFETY: tasks write disjoint column ranges of the buffer, which outlives the parallel loop.
+unsafe impl Send for OutputPtr {}
+unsafe impl Sync for OutputPtr {}
+
+/// The activations rearranged into strips of `TILE_ROWS` rows, each strip `[d_in, strip rows]`
+/// (the last strip may be narrower), so that a kernel reads its row values for one input
+/// index from consecutive floats.
+fn pack_strips(x: &[f32], rows: usize, d_in: usize) -> Vec<f32> {
+    let mut strips = vec![0.0; rows * d_in];
+    if d_in == 0 {
+        return strips;
+    }
+    strips
+        .par_chunks_mut(TILE_ROWS * d_in)
+        .zip(x.par_chunks(TILE_ROWS * d_in))
+        .for_each(|(strip, x_rows)| {
+            let height = strip.len() / d_in;
+            for (k, column) in strip.chunks_exact_mut(height).enumerate() {
+                for (r, value) in column.iter_mut().enumerate() {
+                    *value = x_rows[r * d_in + k];
+                }
+            }
+        });
+    strips
+}
+
+/// One call's operands, seen by the task that computes a range of panels.
+struct Product<'a> {
+    packed: &'a PackedMatrix,
+    strips: &'a [f32],
+    rows: usize,
+    bias: Option<&'a [f32]>,
+    output: OutputPtr,
+    kernel: Kernel,
+}
+
+impl Product<'_> {
+    /// Computes every output row for the columns of `panels`.
+    fn panels(&self, panels: Range<usize>) {
+        let (d_in, d_out, rows) = (self.packed.d_in, self.packed.d_out, self.rows);
+        // One strip: nothing is reused across strips, so stream each panel whole.
+        let depth_block = if rows <= TILE_ROWS {
+            d_in.max(1)
+        } else {
+            DEPTH_BLOCK
+        };
+        for depth_start in (0..d_in.max(1)).step_by(depth_block) {
+            let depth = depth_block.min(d_in - depth_start);
+            for row_start in (0..rows).step_by(ROW_BLOCK) {
+                let row_end = (row_start + ROW_BLOCK).min(rows);
+                for panel in panels.clone() {
+                    let first_column = panel * PANEL;
+                    let columns = PANEL.min(d_out - first_column);
+                    let weights = &self.packed.rows[panel * d_in + depth_start..][..depth];
+                    let bias = self
+                        .bias
+                        .map(|bias| &bias[first_column..first_column + columns]);
+                    for strip_start in (row_start..row_end).step_by(TILE_ROWS) {
+                        let height = TILE_ROWS.min(rows - strip_start);
+                        let strip = &self.strips[strip_start * d_in + depth_start * height..]
+                            [..depth * height];
+                        let tile = Tile {
+                            strip,
+                            weights,
+                            // SAFETY: the tile's rows and columns lie inside the `rows x d_out`
+                            // output; `columns` bounds every access within a row.
+                            output: unsafe {
+                                self.output.0.add(strip_start * d_out + first_column)
+                            },
+                            stride: d_out,
+                            columns,
+                            start: match depth_start {
+                                0 => Start::Bias(bias),
+                                _ => Start::Accumulate,
+                            },
+                        };
+                        self.kernel.run(height, &tile);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// What a tile's sums are added to.
+#[derive(Clone, Copy)]
+enum Start<'a> {
+    /// The first input block: the bias, or zero.
+    Bias(Option<&'a [f32]>),
+    /// A later input block: the partial sums already in the output.
+    Accumulate,
+}
+
+/// One kernel call: `height x columns` outputs over one block of inputs.
+struct Tile<'a> {
+    /// `[depth, height]` activations.
+    strip: &'a [f32],
+    /// `[depth]` panel rows.
+    weights: &'a [PanelRow],
+    /// The tile's first output; rows `stride` apart.
+    output: *mut f32,
+    stride: usize,
+    columns: usize,
+    start: Start<'a>,
+}
+
+/// The kernels this CPU runs, chosen once per call.
+#[derive(Clone, Copy)]
+enum Kernel {
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    Portable,
+}
+
+impl Kernel {
+    fn detect() -> Self {
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512f") {
+            return Kernel::Avx512;
+        }
+        Kernel::Portable
+    }
+
+    /// Runs the kernel for a tile of `height` rows (1 to `TILE_ROWS`).
+    fn run(self, height: usize, tile: &Tile<'_>) {
+        macro_rules! by_height {
+            ($kernel:ident) => {
+                match height {
+                    1 => $kernel::<1>(tile),
+                    2 => $kernel::<2>(tile),
+                    3 => $kernel::<3>(tile),
+                    4 => $kernel::<4>(tile),
+                    5 => $kernel::<5>(tile),
+                    6 => $kernel::<6>(tile),
+                    7 => $kernel::<7>(tile),
+                    8 => $kernel::<8>(tile),
+                    9 => $kernel::<9>(tile),
+                    10 => $kernel::<10>(tile),
+                    11 => $kernel::<11>(tile),
+                    _ => $kernel::<TILE_ROWS>(tile),
+                }
+            };
+        }
+        match self {
+            // SAFETY: `detect` found AVX-512F on this CPU.
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => unsafe { by_height!(tile_avx512) },
+            Kernel::Portable => by_height!(tile_portable),
+        }
+    }
+}
+
+/// The AVX-512 kernel: `R x 32` sums in 2R registers.
+///
+/// # Safety
+/// The CPU must have AVX-512F, and `tile.output` must address `R` rows of `tile.columns`
+/// writable floats, `tile.stride` apart.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn tile_avx512<const R: usize>(tile: &Tile<'_>) {
+    use std::arch::x86_64::*;
+    let depth = tile.weights.len();
+    debug_assert_eq!(tile.strip.len(), depth * R);
+    let mut sums = [[_mm512_setzero_ps(); 2]; R];
+    let strip = tile.strip.as_ptr();
+    for (k, row) in tile.weights.iter().enumerate() {
+        let weights = row.0.as_ptr();
+        // SAFETY: a `PanelRow` is 32 floats aligned to 64 bytes; the strip holds `depth * R`
+        // floats.
+        let ahead = weights.wrapping_add(PREFETCH_ROWS * PANEL);
+        _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
+        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(16) as *const i8);
+        let (low, high) = unsafe { (_mm512_load_ps(weights), _mm512_load_ps(weights.add(16))) };
+        for (r, sum) in sums.iter_mut().enumerate() {
+            let x = _mm512_set1_ps(unsafe { *strip.add(k * R + r) });
+            sum[0] = _mm512_fmadd_ps(x, low, sum[0]);
+            sum[1] = _mm512_fmadd_ps(x, high, sum[1]);
+        }
+    }
+    let low_mask: __mmask16 = lane_mask(tile.columns.min(16));
+    let high_mask: __mmask16 = lane_mask(tile.columns.saturating_sub(16));
+    for (r, sum) in sums.iter().enumerate() {
+        // SAFETY: masked loads and stores touch only the tile's `columns` floats of row `r`;
+        // the high half's address is formed with `wrapping_add` since it may lie past them.
+        unsafe {
+            let out = tile.output.add(r * tile.stride);
+            let (base_low, base_high) = match tile.start {
+                Start::Bias(None) => (_mm512_setzero_ps(), _mm512_setzero_ps()),
+                Start::Bias(Some(bias)) => (
+                    _mm512_maskz_loadu_ps(low_mask, bias.as_ptr()),
+                    _mm512_maskz_loadu_ps(high_mask, bias.as_ptr().wrapping_add(16)),
+                ),
+                Start::Accumulate => (
+                    _mm512_maskz_loadu_ps(low_mask, out),
+                    _mm512_maskz_loadu_ps(high_mask, out.wrapping_add(16)),
+                ),
+            };
+            _mm512_mask_storeu_ps(out, low_mask, _mm512_add_ps(sum[0], base_low));
+            _mm512_mask_storeu_ps(
+                out.wrapping_add(16),
+                high_mask,
+                _mm512_add_ps(sum[1], base_high),
+            );
+        }
+    }
+}
+
+/// A mask of the first `lanes` (at most 16) lanes.
+#[cfg(target_arch = "x86_64")]
+fn lane_mask(lanes: usize) -> u16 {
+    ((1u32 << lanes) - 1) as u16
+}
+
+/// The portable kernel: the same sums, vectorised by the compiler (fused multiply-add where
+/// the target has it).
+#[multiversion(targets("x86_64+avx2+fma"))]
+fn tile_portable<const R: usize>(tile: &Tile<'_>) {
+    const FUSED: bool = selected_target!().supports_feature_str("fma");
+    let mut sums = [[0.0f32; PANEL]; R];
+    for (row, x) in tile.weights.iter().zip(tile.strip.chunks_exact(R)) {
+        for (sum, x) in sums.iter_mut().zip(x) {
+            for (s, w) in sum.iter_mut().zip(&row.0) {
+                *s = if FUSED { x.mul_add(*w, *s) } else { x * w + *s };
+            }
+        }
+    }
+    for (r, sum) in sums.iter().enumerate() {
+        // SAFETY: row `r` of the tile has `columns` writable floats (the caller's contract).
+        let out = unsafe {
+            std::slice::from_raw_parts_mut(tile.output.add(r * tile.stride), tile.columns)
+        };
+        match tile.start {
+            Start::Bias(bias) => {
+                for (j, (o, s)) in out.iter_mut().zip(sum).enumerate() {
+                    *o = s + bias.map_or(0.0, |bias| bias[j]);
+                }
+            }
+            Start::Accumulate => out.iter_mut().zip(sum).for_each(|(o, s)| *o += s),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn matrix(len: usize, salt: u64) -> Vec<f32> {
+        let mut rng = fastrand::Rng::with_seed(salt);
+        (0..len).map(|_| rng.f32() * 2.0 - 1.0).collect()
+    }
+
+    /// `x W + b` in f64, one output at a time.
+    fn reference(x: &[f32], w: &[f32], bias: Option<&[f32]>, sizes: [usize; 3]) -> Vec<f32> {
+        let [rows, d_in, d_out] = sizes;
+        let mut y = Vec::with_capacity(rows * d_out);
+        for r in 0..rows {
+            for n in 0..d_out {
+                let mut sum = bias.map_or(0.0, |b| b[n] as f64);
+                for k in 0..d_in {
+                    sum += x[r * d_in + k] as f64 * w[k * d_out + n] as f64;
+                }
+                y.push(sum as f32);
+            }
+        }
+        y
+    }
+
+    fn assert_close(fast: &[f32], exact: &[f32], what: &str) {
+        assert_eq!(fast.len(), exact.len(), "{what}: length");
+        for (i, (a, b)) in fast.iter().zip(exact).enumerate() {
+            assert!(
+                (a - b).abs() <= 1e-4 * (1.0 + b.abs()),
+                "{what}: element {i}: {a} vs {b}"
+            );
+        }
+    }
+
+    /// Every tile height, partial panels, several input and row blocks, both storage
+    /// orientations, with and without bias, on both kernels.
+    #[test]
+    fn products_match_a_plain_reference_on_odd_sizes() {
+        let shapes = [
+            (1, 1, 1),
+            (1, 37, 141),
+            (5, 300, 33),
+            (TILE_ROWS + 1, 70, 64),
+            (ROW_BLOCK + 7, DEPTH_BLOCK * 2 + 3, 97),
+            (3, 0, 5),
+        ];
+        for (rows, d_in, d_out) in shapes {
+            let x = matrix(rows * d_in, 1);
+            let w = matrix(d_in * d_out, 2);
+            let bias = matrix(d_out, 3);
+            let transposed: Vec<f32> = (0..d_out * d_in)
+                .map(|i| w[(i % d_in) * d_out + i / d_in])
+                .collect();
+            let packings = [
+                PackedMatrix::pack(&w, d_in, d_out, d_out, 1),
+                PackedMatrix::pack(&transposed, d_in, d_out, 1, d_in),
+            ];
+            for packed in &packings {
+                for bias in [None, Some(&bias[..])] {
+                    let exact = reference(&x, &w, bias, [rows, d_in, d_out]);
+                    let what = format!("{rows}x{d_in}x{d_out}, bias {}", bias.is_some());
+                    assert_close(&packed.multiply(&x, rows, bias), &exact, &what);
+                    let portable = multiply_with(packed, &x, rows, bias, Kernel::Portable);
+                    assert_close(&portable, &exact, &format!("{what}, portable kernel"));
+                }
+            }
+        }
+    }
+
+    /// `multiply` with a given kernel, on one thread.
+    fn multiply_with(
+        packed: &PackedMatrix,
+        x: &[f32],
+        rows: usize,
+        bias: Option<&[f32]>,
+        kernel: Kernel,
+    ) -> Vec<f32> {
+        let mut y = vec![0.0; rows * packed.d_out];
+        if rows == 0 || packed.d_out == 0 {
+            return y;
+        }
+        let strips = pack_strips(x, rows, packed.d_in);
+        let product = Product {
+            packed,
+            strips: &strips,
+            rows,
+            bias,
+            output: OutputPtr(y.as_mut_ptr()),
+            kernel,
+        };
+        product.panels(0..packed.d_out.div_ceil(PANEL));
+        y
+    }
+}
