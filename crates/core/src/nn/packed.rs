@@ -113,10 +113,11 @@ impl PackedMatrix {
         if let Some(bias) = bias {
             assert_eq!(bias.len(), d_out, "bias length");
         }
-        let mut y = vec![0.0; rows * d_out];
         if rows == 0 || d_out == 0 {
-            return y;
+            return vec![0.0; rows * d_out];
         }
+        // Left unwritten here: the first input block of every tile writes all its outputs.
+        let mut y = Vec::with_capacity(rows * d_out);
         let strips = pack_strips(x, rows, d_in);
         let panels = d_out.div_ceil(PANEL);
         let tasks = rayon::current_num_threads().clamp(1, panels);
@@ -134,6 +135,9 @@ impl PackedMatrix {
             };
             product.panels(mine);
         });
+        // SAFETY: the tasks together wrote every element (each tile's first input block stores
+        // its sums plus bias, or zero, to all of its outputs).
+        unsafe { y.set_len(rows * d_out) };
         y
     }
 }
@@ -369,17 +373,16 @@ fn tile_portable<const R: usize>(tile: &Tile<'_>) {
         }
     }
     for (r, sum) in sums.iter().enumerate() {
-        // SAFETY: row `r` of the tile has `columns` writable floats (the caller's contract).
-        let out = unsafe {
-            std::slice::from_raw_parts_mut(tile.output.add(r * tile.stride), tile.columns)
-        };
-        match tile.start {
-            Start::Bias(bias) => {
-                for (j, (o, s)) in out.iter_mut().zip(sum).enumerate() {
-                    *o = s + bias.map_or(0.0, |bias| bias[j]);
+        // SAFETY: row `r` of the tile has `columns` writable floats (the caller's contract),
+        // written before they are read: by the first input block, then accumulated into.
+        unsafe {
+            let out = tile.output.add(r * tile.stride);
+            for (j, s) in sum.iter().take(tile.columns).enumerate() {
+                match tile.start {
+                    Start::Bias(bias) => out.add(j).write(s + bias.map_or(0.0, |bias| bias[j])),
+                    Start::Accumulate => *out.add(j) += s,
                 }
             }
-            Start::Accumulate => out.iter_mut().zip(sum).for_each(|(o, s)| *o += s),
         }
     }
 }
