@@ -127,15 +127,21 @@ def main():
 
 
 def print_gpt2_tables(args):
-    print("| prompt tokens | transformers forward (ms) | hookscope, no hooks (ms) | hookscope, every site saved (ms) | no hooks vs transformers | every site vs no hooks |")
-    print("| ---: | ---: | ---: | ---: | ---: | ---: |")
+    print("| prompt tokens | transformers forward (ms) | hookscope, no hooks (ms) | hookscope, every site saved (ms) | no hooks vs transformers | every site vs no hooks | f32 peak (GFLOPS) | transformers / hookscope, % of peak |")
+    print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for prompt_len in args.prompt_lens:
         hf = time_transformers_forward(args.model, prompt_len, args.iters, args.warmup)
         hs = time_hookscope(args.hookscope, args.model, prompt_len, args.iters, args.warmup, args.threads)
         plain = hs["no_hooks"]["median_ms"]
         saved = hs["save_every_site"]["median_ms"]
+        # Multiply-adds of the matrix products: every weight once per token (the tied head
+        # included, the position table's few rows counted too); attention's own products left out.
+        flops = 2 * prompt_len * hs["weight_bytes"] / 4
+        peak = hs["f32_peak_gflops"]
+        share = [100 * flops / (ms * 1e6) / peak for ms in (hf, plain)]
         print(
-            f"| {prompt_len} | {hf:.1f} | {plain:.1f} | {saved:.1f} | {hf / plain:.2f}x speed | {saved / plain:.3f}x time |"
+            f"| {prompt_len} | {hf:.1f} | {plain:.1f} | {saved:.1f} | {hf / plain:.2f}x speed | {saved / plain:.3f}x time "
+            f"| {peak:.0f} | {share[0]:.0f}% / {share[1]:.0f}% |"
         )
 
     n = args.new_tokens

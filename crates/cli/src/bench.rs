@@ -7,6 +7,7 @@ use std::time::Instant;
 
 use clap::Args;
 use hookscope::{Decoding, Error, Interventions, LayerSite, Result, Site, Steps};
+use multiversion::{multiversion, target::selected_target};
 use serde_json::json;
 
 /// Arguments of `hookscope bench`.
@@ -82,6 +83,49 @@ fn read_bandwidth_gb_per_s() -> f64 {
             }
         });
     })
+}
+
+/// Independent sums of the peak probe: enough vectors that fused multiply-adds never wait on
+/// each other (24 registers of 16 lanes with AVX-512).
+const PEAK_SUMS: usize = 24 * 16;
+/// Multiply-add rounds per thread and pass of the peak probe (~1 G multiply-adds).
+const PEAK_ROUNDS: usize = 2_500_000;
+
+/// The f32 arithmetic peak of this machine now, in GFLOPS: fused multiply-adds on every thread,
+/// no memory traffic. Prompt calls are reported as a fraction of it.
+fn f32_peak_gflops() -> f64 {
+    let threads = std::thread::available_parallelism().map_or(1, usize::from);
+    (0..5)
+        .map(|_| {
+            let start = Instant::now();
+            std::thread::scope(|scope| {
+                for _ in 0..threads {
+                    scope.spawn(|| std::hint::black_box(multiply_add_rounds(PEAK_ROUNDS)));
+                }
+            });
+            let flops = 2.0 * (threads * PEAK_ROUNDS * PEAK_SUMS) as f64;
+            flops / start.elapsed().as_secs_f64() / 1e9
+        })
+        .fold(0.0, f64::max)
+}
+
+/// `rounds` multiply-adds on each of `PEAK_SUMS` independent sums (fused where the target has
+/// it); returns their total so that nothing is optimised away.
+#[multiversion(targets("x86_64+avx512f+fma", "x86_64+avx2+fma"))]
+fn multiply_add_rounds(rounds: usize) -> f32 {
+    const FUSED: bool = selected_target!().supports_feature_str("fma");
+    let (scale, shift) = std::hint::black_box((0.999_999f32, 1e-7f32));
+    let mut sums = [0.0f32; PEAK_SUMS];
+    for _ in 0..rounds {
+        for sum in sums.iter_mut() {
+            *sum = if FUSED {
+                sum.mul_add(scale, shift)
+            } else {
+                *sum * scale + shift
+            };
+        }
+    }
+    sums.iter().sum()
 }
 
 /// Runs the benchmark and prints a JSON report (median and min milliseconds per variant).
@@ -162,6 +206,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     report.insert("weight_bytes".into(), json!(model.weight_bytes()));
     report.insert("copy_gb_per_s".into(), json!(copy_bandwidth_gb_per_s()));
     report.insert("read_gb_per_s".into(), json!(read_bandwidth_gb_per_s()));
+    report.insert("f32_peak_gflops".into(), json!(f32_peak_gflops()));
     report.insert("sites".into(), json!(model.layout().call_order().len()));
     println!("{}", serde_json::Value::Object(report));
     Ok(())
