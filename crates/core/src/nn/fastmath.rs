@@ -8,8 +8,10 @@
 
 use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
-use burn::tensor::{DType, Tensor, TensorData, activation};
+use burn::tensor::{Tensor, TensorData, activation};
 use multiversion::multiversion;
+
+use super::flex::f32_primitive;
 use rayon::prelude::*;
 
 /// Values per parallel task.
@@ -84,8 +86,8 @@ fn gelu_tanh_slice(input: &[f32], output: &mut [f32]) {
 /// Applies `kernel` (reading a slice, writing one of the same length) to `x`'s values when it
 /// is a contiguous `f32` tensor on the `flex` backend.
 fn map_f32<const D: usize>(x: &Tensor<D>, kernel: fn(&[f32], &mut [f32])) -> Option<Tensor<D>> {
-    let primitive = x.clone().try_into_primitive::<Flex>().ok()?;
-    if primitive.dtype() != DType::F32 || !primitive.is_contiguous() {
+    let primitive = f32_primitive(x)?;
+    if !primitive.is_contiguous() {
         return None;
     }
     let input = primitive.as_slice::<f32>()?;

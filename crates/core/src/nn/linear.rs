@@ -11,9 +11,10 @@ use std::sync::Arc;
 
 use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{Tensor, TensorData};
 
 use super::Embedding;
+use super::flex::f32_primitive;
 use super::packed::PackedMatrix;
 use crate::error::Result;
 use crate::loading::WeightLoader;
@@ -58,12 +59,6 @@ fn pack(weight: &Tensor<2>) -> Option<PackedMatrix> {
     let storage = &primitive.storage::<f32>()[layout.start_offset()..];
     let last = (d_in.checked_sub(1)?) * in_stride + (d_out.checked_sub(1)?) * out_stride;
     (last < storage.len()).then(|| PackedMatrix::pack(storage, d_in, d_out, in_stride, out_stride))
-}
-
-/// The tensor's `flex` storage when it lives on that backend as `f32`.
-fn f32_primitive<const D: usize>(tensor: &Tensor<D>) -> Option<FlexTensor> {
-    let primitive = tensor.clone().try_into_primitive::<Flex>().ok()?;
-    (primitive.dtype() == DType::F32).then_some(primitive)
 }
 
 /// `x W + b` on the packed kernels.

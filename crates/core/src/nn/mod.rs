@@ -8,6 +8,7 @@ mod decay;
 mod decoder;
 mod embedding;
 mod fastmath;
+mod flex;
 mod linear;
 mod mlp;
 mod moe;
