@@ -26,8 +26,17 @@ from transformers import AutoModelForCausalLM
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def time_transformers_forward(model_dir, prompt_len, iters, warmup):
-    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval()
+TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+
+
+def load_transformers(model_dir, dtype=None):
+    """The model in `dtype` (a `--dtype` name), or in transformers' default (`auto`)."""
+    kwargs = {} if dtype is None else {"dtype": TORCH_DTYPES[dtype]}
+    return AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager", **kwargs).eval()
+
+
+def time_transformers_forward(model_dir, prompt_len, iters, warmup, dtype=None):
+    model = load_transformers(model_dir, dtype)
     ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
     times = []
     with torch.no_grad():
@@ -39,10 +48,12 @@ def time_transformers_forward(model_dir, prompt_len, iters, warmup):
     return statistics.median(times)
 
 
-def time_hookscope(binary, model_dir, prompt_len, iters, warmup, threads, new_tokens=None):
+def time_hookscope(binary, model_dir, prompt_len, iters, warmup, threads, new_tokens=None, dtype=None):
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
     command = [binary, "bench", str(model_dir), "--prompt-len", str(prompt_len), "--iters", str(iters)]
     command += ["--warmup", str(warmup)]
+    if dtype is not None:
+        command += ["--dtype", dtype]
     if new_tokens is not None:
         command += ["--new-tokens", str(new_tokens)]
     out = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
@@ -59,8 +70,8 @@ def median_ms(run, iters, warmup):
     return statistics.median(times)
 
 
-def time_transformers_generate(model_dir, prompt_len, new_tokens, iters):
-    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval()
+def time_transformers_generate(model_dir, prompt_len, new_tokens, iters, dtype=None):
+    model = load_transformers(model_dir, dtype)
     ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
 
     def run(n):
@@ -106,6 +117,9 @@ def main():
     parser.add_argument("--new-tokens", type=int, default=32)
     parser.add_argument("--generate-iters", type=int, default=3)
     parser.add_argument("--skip-nnterp", action="store_true")
+    parser.add_argument("--precision-models", type=Path, nargs="+", default=[],
+                        help="time prompt calls and decode with weights in f32, bf16 and f16 on these models")
+    parser.add_argument("--dtypes", nargs="+", default=["f32", "bf16", "f16"], choices=sorted(TORCH_DTYPES))
     parser.add_argument("--mamba-model", type=Path, help="also time Mamba prompt calls of growing length")
     parser.add_argument("--mamba2-model", type=Path, help="also time Mamba-2 prompt calls and decode")
     parser.add_argument("--qwen3-next-model", type=Path, help="also time Qwen3-Next prompt calls and decode")
@@ -116,6 +130,8 @@ def main():
     print(f"torch {torch.__version__}\n")
     if args.model:
         print_gpt2_tables(args)
+    for model_dir in args.precision_models:
+        print_precision_table(args, model_dir)
     if args.mamba_model:
         print_recurrent_scaling(args, args.mamba_model, "Mamba", (16, 64, 256))
     if args.mamba2_model:
@@ -179,6 +195,32 @@ def print_gpt2_tables(args):
     ):
         ms = decode_ms(runs[variant], n)
         print(f"| {label} | {ms:.1f} | {hf / ms:.2f}x | {100 * roofline / ms:.0f}% | {ms / plain:.3f}x |")
+
+
+def print_precision_table(args, model_dir):
+    """Prompt calls and decode with the weights stored in each precision, against transformers
+    loaded in the same dtype (which also computes in it: AMX/AVX-512 BF16 kernels for bf16)."""
+    prompt_len, n = 128, args.new_tokens
+    print(f"\n{model_dir.name}: weights in each precision; prompt call of {prompt_len} tokens, "
+          f"greedy decode from a 10-token prompt ({n} new tokens)")
+    print("| weights | MB | transformers prompt (ms) | hookscope prompt (ms) | prompt vs transformers "
+          "| transformers decode (ms/token) | hookscope decode (ms/token) | decode vs transformers "
+          "| read bandwidth (GB/s) | hookscope % of weights-read-once bound |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for dtype in args.dtypes:
+        hf_prompt = time_transformers_forward(model_dir, prompt_len, 3, 1, dtype)
+        hf_decode = decode_ms(time_transformers_generate(model_dir, 10, n, args.generate_iters, dtype), n)
+        hs_prompt = time_hookscope(args.hookscope, model_dir, prompt_len, 3, 1, args.threads, dtype=dtype)
+        runs = [time_hookscope(args.hookscope, model_dir, 10, args.generate_iters, 1, args.threads, t, dtype)
+                for t in (1, n)]
+        hs_decode = decode_ms({1: runs[0]["no_hooks"]["median_ms"], n: runs[1]["no_hooks"]["median_ms"]}, n)
+        read = max(r["read_gb_per_s"] for r in runs + [hs_prompt])
+        weights = runs[1]["weight_bytes"]
+        bound = weights / (read * 1e9) * 1e3
+        plain = hs_prompt["no_hooks"]["median_ms"]
+        print(f"| {dtype} | {weights / 1e6:.0f} | {hf_prompt:.0f} | {plain:.0f} | {hf_prompt / plain:.2f}x "
+              f"| {hf_decode:.1f} | {hs_decode:.1f} | {hf_decode / hs_decode:.2f}x | {read:.1f} "
+              f"| {100 * bound / hs_decode:.0f}% |")
 
 
 def print_recurrent_scaling(args, model_dir, label, lengths):

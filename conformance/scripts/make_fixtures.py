@@ -613,6 +613,29 @@ def make_bench_qwen3_next(directory):
     Qwen3NextForCausalLM(cfg).eval().save_pretrained(Path(directory), safe_serialization=True)
 
 
+def make_bench_llama(directory, size):
+    """A Llama-shaped random model saved in bf16 (as released Llama checkpoints are), for the
+    half-precision benchmarks: "1b" is TinyLlama-1.1B's shape (2048 hidden, 22 layers, 32 query /
+    4 key-value heads, 5632 intermediate), "7b" is Llama-2-7B's (4096 hidden, 32 layers, 32
+    heads, 11008 intermediate); both with a 32000-token vocabulary, untied."""
+    torch.manual_seed(0)
+    shapes = {
+        "1b": dict(hidden_size=2048, num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
+                   intermediate_size=5632),
+        "7b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
+                   intermediate_size=11008),
+    }
+    cfg = LlamaConfig(vocab_size=32000, max_position_embeddings=2048, tie_word_embeddings=False,
+                      bos_token_id=1, eos_token_id=2, **shapes[size])
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        model = LlamaForCausalLM(cfg).eval()
+    finally:
+        torch.set_default_dtype(torch.float32)
+    model.config.dtype = torch.bfloat16
+    model.save_pretrained(Path(directory), safe_serialization=True)
+
+
 def make_bench_model(directory):
     torch.manual_seed(0)
     cfg = GPT2Config(n_embd=768, n_layer=12, n_head=12, vocab_size=50257, n_positions=1024)
@@ -636,10 +659,18 @@ def main():
     parser.add_argument("--bench-mamba", type=Path, help="write a Mamba-130m-shaped random model here")
     parser.add_argument("--bench-mamba2", type=Path, help="write a Mamba-2-130m-shaped random model here")
     parser.add_argument("--bench-qwen3-next", type=Path, help="write a ~120M Qwen3-Next-shaped random model here")
+    parser.add_argument("--bench-llama-1b", type=Path, help="write a ~1.1B Llama-shaped bf16 random model here")
+    parser.add_argument("--bench-llama-7b", type=Path, help="write a 7B Llama-shaped bf16 random model here")
     parser.add_argument("--only", nargs="+", choices=sorted(FAMILIES), help="make only these fixture families")
     args = parser.parse_args()
     torch.set_num_threads(min(4, os.cpu_count() or 1))
-    if args.bench_model or args.bench_mamba or args.bench_mamba2 or args.bench_qwen3_next:
+    bench = (args.bench_model, args.bench_mamba, args.bench_mamba2, args.bench_qwen3_next, args.bench_llama_1b,
+             args.bench_llama_7b)
+    if any(bench):
+        if args.bench_llama_1b:
+            make_bench_llama(args.bench_llama_1b, "1b")
+        if args.bench_llama_7b:
+            make_bench_llama(args.bench_llama_7b, "7b")
         if args.bench_model:
             make_bench_model(args.bench_model)
         if args.bench_mamba:

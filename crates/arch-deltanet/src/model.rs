@@ -313,7 +313,7 @@ impl Hybrid {
             (_, None) => None,
         };
         let prefix = loader.prefix(&["model.language_model.", "model."]);
-        let mut embed_tokens = Embedding::load(
+        let embed_tokens = Embedding::load(
             loader,
             &format!("{prefix}embed_tokens.weight"),
             config.vocab_size,
@@ -380,7 +380,7 @@ impl Hybrid {
         }
         let norm = RmsNorm::load_unit_offset(loader, &format!("{prefix}norm"), h, eps)?;
         let tied = config.tie_word_embeddings || tied_at_top || !loader.contains("lm_head.weight");
-        let lm_head = Linear::head(loader, "lm_head", &mut embed_tokens, tied)?;
+        let lm_head = Linear::head(loader, "lm_head", &embed_tokens, tied)?;
         Ok(Hybrid {
             layout: ModelLayout {
                 hidden: h,

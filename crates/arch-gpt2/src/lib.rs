@@ -107,7 +107,7 @@ impl Gpt2 {
         let inner = config.n_inner.unwrap_or(4 * h);
         let prefix = loader.prefix(&["transformer.", ""]);
         let name = |rest: &str| format!("{prefix}{rest}");
-        let mut wte = Embedding::load(loader, &name("wte.weight"), config.vocab_size, h)?;
+        let wte = Embedding::load(loader, &name("wte.weight"), config.vocab_size, h)?;
         let wpe = Embedding::load(loader, &name("wpe.weight"), config.n_positions, h)?;
         let blocks = (0..config.n_layer)
             .map(|i| {
@@ -138,7 +138,7 @@ impl Gpt2 {
             })
             .collect::<Result<_>>()?;
         let ln_f = LayerNorm::load(loader, &name("ln_f"), h, config.layer_norm_epsilon)?;
-        let lm_head = Linear::head(loader, "lm_head", &mut wte, config.tie_word_embeddings)?;
+        let lm_head = Linear::head(loader, "lm_head", &wte, config.tie_word_embeddings)?;
         let layer = LayerSpec::attention(heads, heads, head_dim);
         Ok(Gpt2 {
             layout: ModelLayout::uniform(h, config.vocab_size, layer, config.n_layer),

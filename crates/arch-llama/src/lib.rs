@@ -48,7 +48,7 @@ impl Llama {
             bias: config.mlp_bias,
             activation,
         };
-        let mut embed_tokens =
+        let embed_tokens =
             Embedding::load(loader, "model.embed_tokens.weight", config.vocab_size, h)?;
         let blocks = (0..config.num_hidden_layers)
             .map(|i| {
@@ -78,7 +78,7 @@ impl Llama {
             .collect::<Result<_>>()?;
         let norm = RmsNorm::load(loader, "model.norm", h, eps)?;
         let tied = config.tie_word_embeddings;
-        let lm_head = Linear::head(loader, "lm_head", &mut embed_tokens, tied)?;
+        let lm_head = Linear::head(loader, "lm_head", &embed_tokens, tied)?;
         let layer = LayerSpec::attention(heads, kv_heads, head_dim);
         Ok(Llama {
             layout: ModelLayout::uniform(h, config.vocab_size, layer, config.num_hidden_layers),

@@ -134,7 +134,7 @@ impl Mamba {
         let (h, e, n) = (config.hidden_size, config.inner(), config.state_size);
         let rank = config.time_step_rank(arch_config)?;
         let eps = config.layer_norm_epsilon;
-        let mut embeddings =
+        let embeddings =
             Embedding::load(loader, "backbone.embeddings.weight", config.vocab_size, h)?;
         let blocks = (0..config.num_hidden_layers)
             .map(|i| {
@@ -180,7 +180,7 @@ impl Mamba {
             .collect::<Result<_>>()?;
         let norm_f = RmsNorm::load(loader, "backbone.norm_f", h, eps)?;
         let tied = config.tie_word_embeddings && !loader.contains("lm_head.weight");
-        let lm_head = Linear::head(loader, "lm_head", &mut embeddings, tied)?;
+        let lm_head = Linear::head(loader, "lm_head", &embeddings, tied)?;
         let layer = LayerSpec {
             mixer: MixerKind::Mamba1 { inner: e, state: n },
             has_mlp: false,

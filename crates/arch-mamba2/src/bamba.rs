@@ -215,7 +215,7 @@ impl Bamba {
             bias: config.mlp_bias,
             activation,
         };
-        let mut embed_tokens =
+        let embed_tokens =
             Embedding::load(loader, "model.embed_tokens.weight", config.vocab_size, h)?;
         let mut layers = Vec::new();
         let blocks = (0..config.num_hidden_layers)
@@ -255,7 +255,7 @@ impl Bamba {
             .collect::<Result<_>>()?;
         let final_norm = RmsNorm::load(loader, "model.final_layernorm", h, eps)?;
         let tied = config.tie_word_embeddings;
-        let lm_head = Linear::head(loader, "lm_head", &mut embed_tokens, tied)?;
+        let lm_head = Linear::head(loader, "lm_head", &embed_tokens, tied)?;
         let rotary_dims = (head_dim as f64 * PARTIAL_ROTARY_FACTOR) as usize;
         Ok(Bamba {
             layout: ModelLayout {

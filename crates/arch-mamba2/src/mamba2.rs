@@ -132,7 +132,7 @@ impl Mamba2 {
         };
         spec.check(arch_config, config.expand)?;
         let (h, eps) = (config.hidden_size, config.layer_norm_epsilon);
-        let mut embeddings =
+        let embeddings =
             Embedding::load(loader, "backbone.embeddings.weight", config.vocab_size, h)?;
         let blocks = (0..config.num_hidden_layers)
             .map(|i| {
@@ -149,7 +149,7 @@ impl Mamba2 {
             .collect::<Result<_>>()?;
         let norm_f = RmsNorm::load(loader, "backbone.norm_f", h, eps)?;
         let tied = config.tie_word_embeddings && !loader.contains("lm_head.weight");
-        let lm_head = Linear::head(loader, "lm_head", &mut embeddings, tied)?;
+        let lm_head = Linear::head(loader, "lm_head", &embeddings, tied)?;
         let layer = LayerSpec {
             mixer: spec.kind(),
             has_mlp: false,

@@ -1,15 +1,44 @@
 //! The MODEL argument every model command takes.
 
-use clap::Args;
+use clap::{Args, ValueEnum};
 use hookscope::prelude::*;
+use hookscope::{LoadOptions, WeightDtype};
 
-/// Which model a command runs on.
+/// Which model a command runs on, and how its weights are stored.
 #[derive(Debug, Args)]
 pub struct ModelArg {
     /// A local Hugging Face directory or a hub id (see MODEL below); omitted: the embedded
     /// default model.
     #[arg(value_name = "MODEL")]
     model: Option<String>,
+    /// Precision the weights are stored in (products accumulate in f32; sites are f32): auto is
+    /// the config's `dtype`, else the checkpoint's own, as in transformers.
+    #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
+    dtype: DtypeArg,
+}
+
+/// The `--dtype` choices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum DtypeArg {
+    Auto,
+    #[value(alias = "float32")]
+    F32,
+    #[value(alias = "bfloat16")]
+    Bf16,
+    #[value(alias = "float16")]
+    F16,
+}
+
+impl DtypeArg {
+    fn options(self) -> LoadOptions {
+        let dtype = match self {
+            DtypeArg::Auto => None,
+            DtypeArg::F32 => Some(WeightDtype::F32),
+            DtypeArg::Bf16 => Some(WeightDtype::Bf16),
+            DtypeArg::F16 => Some(WeightDtype::F16),
+        };
+        LoadOptions { dtype }
+    }
 }
 
 impl ModelArg {
@@ -26,7 +55,7 @@ impl ModelArg {
             Some(spec) => ModelSource::resolve(spec)?,
             None => hookscope::default_model(),
         };
-        let model = Model::load(&source, &Device::default())?;
+        let model = Model::load_with(&source, &Device::default(), self.dtype.options())?;
         for note in &model.load_report().notes {
             eprintln!("note: {note}");
         }

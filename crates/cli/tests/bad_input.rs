@@ -223,6 +223,31 @@ fn broken_weights_are_named_as_stored() {
         &["`transformer.ln_f.weight` holds a non-finite value (NaN)"],
     );
 
+    // A finite f32 weight beyond f16's range, stored in f16 on request: named with the way out.
+    let model = Corrupted::of("gpt2-tied");
+    let file = model.path.join("model.safetensors");
+    let mut bytes = std::fs::read(&file).unwrap();
+    let length = u64::from_le_bytes(bytes[..8].try_into().unwrap()) as usize;
+    let header: Value = serde_json::from_slice(&bytes[8..8 + length]).unwrap();
+    let name = "transformer.h.0.mlp.c_fc.weight";
+    let start = header[name]["data_offsets"][0].as_u64().unwrap() as usize;
+    let at = 8 + length + start + 4 * 5;
+    bytes[at..at + 4].copy_from_slice(&1e6f32.to_le_bytes());
+    std::fs::write(&file, &bytes).unwrap();
+    run_fails(
+        &model,
+        &["--dtype", "f16"],
+        &[
+            "`transformer.h.0.mlp.c_fc.weight` holds 1000000 at flat index 5, beyond the range \
+             of f16 (load it with --dtype f32 or bf16)",
+        ],
+    );
+    let output = Command::new(env!("CARGO_BIN_EXE_hookscope"))
+        .args(["run", model.arg(), "--prompt", "A", "--dtype", "bf16"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "bf16 holds 1e6");
+
     // One weight missing from a prefixed checkpoint: reported once, with its prefix.
     let model = Corrupted::of("gpt2-tiny").header(|header| {
         let info = header.remove("transformer.wte.weight").unwrap();

@@ -35,8 +35,8 @@ pub use error::{Error, Result};
 pub use generate::Generation;
 pub use hooks::{Interventions, Observer, Saved, SiteValue, Steps};
 pub use input::Batch;
-pub use loading::{ArchConfig, EmbeddedModel, ModelSource, WeightLoader};
-pub use model::{Model, Trace};
+pub use loading::{ArchConfig, EmbeddedModel, ModelSource, WeightDtype, WeightLoader};
+pub use model::{LoadOptions, Model, Trace};
 pub use schema::{LayerSite, MixerKind, MixerSite, ModelLayout, Site};
 
 /// Re-exported so adapters register with the same `inventory` and `burn` as core.

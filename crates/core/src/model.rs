@@ -12,7 +12,7 @@ use crate::decoding::GenerationConfig;
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Interventions, Observer, Saved};
 use crate::input::Batch;
-use crate::loading::{ArchConfig, LoadReport, ModelSource, WeightLoader, parse_json};
+use crate::loading::{ArchConfig, LoadReport, ModelSource, WeightDtype, WeightLoader, parse_json};
 use crate::registry;
 use crate::schema::{ModelLayout, Site};
 use crate::tokenizer::Tokenizer;
@@ -68,19 +68,41 @@ impl std::fmt::Debug for Model {
     }
 }
 
+/// How to load a model.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct LoadOptions {
+    /// The precision weights are stored in; `None` is `auto`, as in transformers: the config's
+    /// `dtype` (or `torch_dtype`), else the checkpoint's own. Products accumulate in f32 and
+    /// sites are served in f32 whatever the storage.
+    pub dtype: Option<WeightDtype>,
+}
+
 impl Model {
-    /// Loads a model: picks the adapter from `config.json`, loads weights (reporting every
-    /// missing or misshapen one), the tokenizer and generation defaults.
+    /// Loads a model with the default [`LoadOptions`] (weights in the checkpoint's precision).
     pub fn load(source: &ModelSource, device: &Device) -> Result<Model> {
+        Model::load_with(source, device, LoadOptions::default())
+    }
+
+    /// Loads a model: picks the adapter from `config.json`, loads weights (reporting every
+    /// missing or misshapen one) in the chosen precision, the tokenizer and generation
+    /// defaults. Refuses before reading any weight when they would not fit in the memory
+    /// available.
+    pub fn load_with(source: &ModelSource, device: &Device, options: LoadOptions) -> Result<Model> {
         let config = source.config()?;
         let arch = registry::find(&config)?;
         let checkpoint = source.checkpoint()?;
+        let dtype = options
+            .dtype
+            .unwrap_or_else(|| WeightDtype::auto(&config.json, Some(&checkpoint)));
         crate::memory::ensure_fits(
-            || format!("loading {} as f32", source.origin().display()),
-            checkpoint.f32_bytes(),
-            "",
+            || format!("loading {} in {dtype}", source.origin().display()),
+            checkpoint.bytes_as(dtype),
+            match dtype {
+                WeightDtype::F32 => "; a half-precision load (--dtype bf16) needs half as much",
+                _ => "",
+            },
         )?;
-        let mut loader = WeightLoader::new(&checkpoint, device);
+        let mut loader = WeightLoader::new(&checkpoint, device).with_dtype(dtype);
         let network = (arch.load)(&config, &mut loader)?;
         let mut load_report = loader.finish()?;
         let tokenizer = source.tokenizer()?;
@@ -171,9 +193,14 @@ impl Model {
         &self.load_report
     }
 
-    /// Bytes of weights held on the device (f32): what a decode step streams from memory.
+    /// Bytes of weights held on the device, as stored: what a decode step streams from memory.
     pub fn weight_bytes(&self) -> usize {
-        self.load_report.parameters * std::mem::size_of::<f32>()
+        self.load_report.weight_bytes
+    }
+
+    /// The precision the weight matrices are stored in.
+    pub fn dtype(&self) -> WeightDtype {
+        self.load_report.dtype
     }
 
     /// The checkpoint's decoding defaults (`generation_config.json`), to copy and override.

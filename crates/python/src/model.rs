@@ -3,8 +3,11 @@
 use hookscope::burn::tensor::Device;
 use hookscope::decoding::DecodingChoice;
 use hookscope::hooks::RequestSpecs;
+use hookscope::loading::parse_dtype_choice;
 use hookscope::schema::CallDims;
-use hookscope::{Batch, Decoding, Generation, Interventions, Model, ModelSource, Steps};
+use hookscope::{
+    Batch, Decoding, Generation, Interventions, LoadOptions, Model, ModelSource, Steps, WeightDtype,
+};
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
 
@@ -153,7 +156,9 @@ impl PyModel {
 #[pymethods]
 impl PyModel {
     /// Loads `model`: a local Hugging Face directory, a hub id, or None for the embedded
-    /// default model. `dtype` and `device` take only "float32" and "cpu" in this build.
+    /// default model. `dtype`: the precision weights are stored in, "auto" (None: the config's
+    /// `dtype`, else the checkpoint's), "float32", "bfloat16" or "float16" (also `f32`, `bf16`,
+    /// `f16`, or a torch dtype's name). `device` takes only "cpu" in this build.
     #[new]
     #[pyo3(signature = (model = None, *, dtype = None, device = None))]
     fn new(
@@ -162,11 +167,11 @@ impl PyModel {
         dtype: Option<String>,
         device: Option<String>,
     ) -> PyResult<Self> {
-        if let Some(dtype) = dtype.filter(|d| d != "float32" && d != "f32") {
-            return Err(InputError::new_err(format!(
-                "dtype={dtype:?}: this build stores weights in float32 only"
-            )));
-        }
+        let dtype = match dtype {
+            Some(dtype) => parse_dtype_choice(&dtype)
+                .map_err(|reason| InputError::new_err(format!("dtype={dtype:?}: {reason}")))?,
+            None => None,
+        };
         if let Some(device) = device.filter(|d| d != "cpu") {
             return Err(InputError::new_err(format!(
                 "device={device:?}: this build runs on the CPU only"
@@ -177,11 +182,21 @@ impl PyModel {
             None => hookscope::default_model(),
         };
         let model = py
-            .detach(|| Model::load(&source, &Device::default()))
+            .detach(|| Model::load_with(&source, &Device::default(), LoadOptions { dtype }))
             .py()?;
         Ok(PyModel {
             model: Box::new(model),
         })
+    }
+
+    /// The precision the weights are stored in: "float32", "bfloat16" or "float16".
+    #[getter]
+    fn dtype(&self) -> &'static str {
+        match self.model.dtype() {
+            WeightDtype::F32 => "float32",
+            WeightDtype::Bf16 => "bfloat16",
+            WeightDtype::F16 => "float16",
+        }
     }
 
     /// Every site in call order: `{"name", "shape", "step0", "decode"}` with the symbolic

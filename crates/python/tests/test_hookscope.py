@@ -74,6 +74,18 @@ def test_saved_values_match_the_committed_transformers_reference():
         assert np.abs(value - expected).max() < 1e-4, key
 
 
+def test_weights_load_in_the_chosen_precision():
+    fixture = str(FIXTURES / "gpt2-tied")
+    full = hookscope.Model(fixture)
+    half = hookscope.Model(fixture, dtype="bf16")
+    assert (full.dtype, half.dtype) == ("float32", "bfloat16")
+    ids = [[1, 2, 3, 4, 5]]
+    a = full.trace(ids, save=["logits"]).saved["logits@0"]
+    b = half.trace(ids, save=["logits"]).saved["logits@0"]
+    assert b.dtype == np.float32
+    assert 0 < np.abs(a - b).max() < 0.05
+
+
 def test_batches_are_left_padded_with_a_mask(default):
     t = default.trace(["Hello", "The Eiffel Tower is in"], save=["logits[:, -1]"])
     assert t.attention_mask is not None and t.attention_mask[0, 0] == 0
@@ -95,8 +107,8 @@ def test_errors_are_exceptions_with_the_clis_messages(default):
         default.trace(PROMPT, save=["logits@2"])
     with pytest.raises(hookscope.LoadError):
         hookscope.Model("/nonexistent/model")
-    with pytest.raises(hookscope.InputError, match="float32"):
-        hookscope.Model(dtype="bfloat16")
+    with pytest.raises(hookscope.InputError, match="`int8` is not a weight dtype"):
+        hookscope.Model(dtype="int8")
     assert issubclass(hookscope.SiteError, hookscope.Error)
 
 

@@ -126,8 +126,7 @@ impl GptNeox {
         let rotary_dims = (head_dim as f64 * fraction) as usize;
         let eps = config.layer_norm_eps;
         let bias = config.attention_bias;
-        let mut embed_in =
-            Embedding::load(loader, "gpt_neox.embed_in.weight", config.vocab_size, h)?;
+        let embed_in = Embedding::load(loader, "gpt_neox.embed_in.weight", config.vocab_size, h)?;
         let blocks = (0..config.num_hidden_layers)
             .map(|i| {
                 let name = |rest: &str| format!("gpt_neox.layers.{i}.{rest}");
@@ -172,12 +171,7 @@ impl GptNeox {
             })
             .collect::<Result<_>>()?;
         let final_norm = LayerNorm::load(loader, "gpt_neox.final_layer_norm", h, eps)?;
-        let embed_out = Linear::head(
-            loader,
-            "embed_out",
-            &mut embed_in,
-            config.tie_word_embeddings,
-        )?;
+        let embed_out = Linear::head(loader, "embed_out", &embed_in, config.tie_word_embeddings)?;
         let layer = LayerSpec::attention(heads, heads, head_dim);
         Ok(GptNeox {
             layout: ModelLayout::uniform(h, config.vocab_size, layer, config.num_hidden_layers),

@@ -8,7 +8,10 @@ use std::path::{Path, PathBuf};
 use burn::tensor::{Device, Tensor, TensorData};
 use safetensors::tensor::{Dtype, Metadata, SafeTensors};
 
+use super::WeightDtype;
 use crate::error::{Error, Result};
+use crate::nn::flex::is_flex;
+use crate::nn::packed::PackedMatrix;
 
 /// File bytes: memory-mapped from disk, or compiled into the binary.
 pub(crate) enum Bytes {
@@ -185,45 +188,156 @@ impl Checkpoint {
         names
     }
 
-    /// Bytes the stored weights take once converted to f32 (what a load allocates).
-    pub fn f32_bytes(&self) -> usize {
+    /// Bytes the stored weights take once stored in `dtype` (what a load allocates).
+    pub fn bytes_as(&self, dtype: WeightDtype) -> usize {
         self.shards
             .iter()
             .flat_map(|shard| shard.metadata.tensors().into_values())
             .map(|info| info.shape.iter().product::<usize>())
             .fold(0usize, |total, elements| {
-                total.saturating_add(elements.saturating_mul(std::mem::size_of::<f32>()))
+                total.saturating_add(elements.saturating_mul(dtype.size()))
             })
     }
 
-    /// Reads one weight as f32 with its shape.
-    fn read(&self, name: &str) -> Result<(Vec<f32>, Vec<usize>), String> {
+    /// Bytes of the stored tensors of type `dtype`, as stored.
+    pub(crate) fn bytes_of(&self, dtype: Dtype) -> usize {
+        self.shards
+            .iter()
+            .flat_map(|shard| shard.metadata.tensors().into_values())
+            .filter(|info| info.dtype == dtype)
+            .map(|info| info.data_offsets.1.saturating_sub(info.data_offsets.0))
+            .fold(0usize, usize::saturating_add)
+    }
+
+    /// One weight's stored bytes, read in place.
+    fn stored(&self, name: &str) -> Result<Stored<'_>, String> {
         let shard = &self.shards[*self.names.get(name).ok_or("missing")?];
         let info = shard.metadata.info(name).ok_or("missing")?;
         let (start, end) = info.data_offsets;
         let bytes = &shard.bytes[shard.data_start + start..shard.data_start + end];
-        let values = match info.dtype {
-            Dtype::F32 => bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            Dtype::F16 => bytes
-                .chunks_exact(2)
-                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            Dtype::BF16 => bytes
-                .chunks_exact(2)
-                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            other => {
-                return Err(format!(
-                    "dtype {other:?} in {} is not supported (F32, F16, BF16 are)",
-                    shard.path.display()
-                ));
-            }
-        };
-        Ok((values, info.shape.clone()))
+        match info.dtype {
+            Dtype::F32 | Dtype::F16 | Dtype::BF16 => Ok(Stored {
+                dtype: info.dtype,
+                bytes,
+                shape: info.shape.clone(),
+            }),
+            other => Err(format!(
+                "dtype {other:?} in {} is not supported (F32, F16, BF16 are)",
+                shard.path.display()
+            )),
+        }
     }
+
+    /// Reads one weight as f32 with its shape.
+    fn read(&self, name: &str) -> Result<(Vec<f32>, Vec<usize>), String> {
+        let stored = self.stored(name)?;
+        let values = (0..stored.len()).map(|i| stored.value(i)).collect();
+        Ok((values, stored.shape))
+    }
+
+    /// Gives back the memory pages holding a weight that has been read (a mapped file's pages
+    /// count towards the process's resident memory until then): loading then never holds a
+    /// weight twice, once as mapped bytes and once as loaded.
+    fn release(&self, name: &str) {
+        let Some(shard) = self.names.get(name).map(|&index| &self.shards[index]) else {
+            return;
+        };
+        let (Bytes::Mapped(map), Some(info)) = (&shard.bytes, shard.metadata.info(name)) else {
+            return;
+        };
+        let page = page_size();
+        let start = (shard.data_start + info.data_offsets.0).next_multiple_of(page);
+        let end = (shard.data_start + info.data_offsets.1) / page * page;
+        if end > start {
+            // SAFETY: the map is read-only and no reference into these pages outlives this
+            // call's caller; dropped pages of a file mapping read back the same bytes from the
+            // file if they are touched again. A failure only leaves the pages resident.
+            let _ = unsafe {
+                map.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+            };
+        }
+    }
+}
+
+/// The size of a memory page.
+fn page_size() -> usize {
+    // SAFETY: `sysconf` has no preconditions.
+    let size = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(size)
+        .ok()
+        .filter(|&s| s > 0)
+        .unwrap_or(4096)
+}
+
+/// A stored tensor's bytes (F32, F16 or BF16, little-endian) and shape.
+struct Stored<'a> {
+    dtype: Dtype,
+    bytes: &'a [u8],
+    shape: Vec<usize>,
+}
+
+impl Stored<'_> {
+    fn len(&self) -> usize {
+        match self.dtype {
+            Dtype::F32 => self.bytes.len() / 4,
+            _ => self.bytes.len() / 2,
+        }
+    }
+
+    /// Element `index` as f32 (exact: every stored type widens to f32 without rounding).
+    fn value(&self, index: usize) -> f32 {
+        match self.dtype {
+            Dtype::F32 => f32_at(self.bytes, index),
+            Dtype::F16 => f16_at(self.bytes, index),
+            _ => bf16_at(self.bytes, index),
+        }
+    }
+
+    /// Packs the stored tensor as a `[d_in, d_out]` matrix whose element `(k, n)` is stored at
+    /// flat index `index(k, n)`, in `dtype`.
+    fn pack(
+        &self,
+        dtype: WeightDtype,
+        [d_in, d_out]: [usize; 2],
+        index: impl Fn(usize, usize) -> usize + Sync,
+    ) -> PackedMatrix {
+        let bytes = self.bytes;
+        match self.dtype {
+            Dtype::F32 => PackedMatrix::pack(dtype, d_in, d_out, |k, n| f32_at(bytes, index(k, n))),
+            Dtype::F16 => PackedMatrix::pack(dtype, d_in, d_out, |k, n| f16_at(bytes, index(k, n))),
+            _ => PackedMatrix::pack(dtype, d_in, d_out, |k, n| bf16_at(bytes, index(k, n))),
+        }
+    }
+}
+
+fn f32_at(bytes: &[u8], index: usize) -> f32 {
+    let b = &bytes[4 * index..4 * index + 4];
+    f32::from_le_bytes([b[0], b[1], b[2], b[3]])
+}
+
+fn f16_at(bytes: &[u8], index: usize) -> f32 {
+    half::f16::from_le_bytes([bytes[2 * index], bytes[2 * index + 1]]).to_f32()
+}
+
+fn bf16_at(bytes: &[u8], index: usize) -> f32 {
+    half::bf16::from_le_bytes([bytes[2 * index], bytes[2 * index + 1]]).to_f32()
+}
+
+/// How a weight matrix is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Orientation {
+    /// `[in, out]` (GPT-2's `Conv1D`).
+    InOut,
+    /// `[out, in]` (torch's `nn.Linear`, embedding tables).
+    OutIn,
+}
+
+/// A loaded weight matrix, ready for `x W`.
+pub(crate) enum Matrix {
+    /// Packed for the CPU kernels.
+    Packed(PackedMatrix),
+    /// An `[in, out]` tensor (a view of the stored matrix), for burn's matmul.
+    Tensor(Box<Tensor<2>>),
 }
 
 /// Where a [`WeightLoader`] takes its weights from.
@@ -239,10 +353,13 @@ enum WeightSource<'a> {
 pub struct WeightLoader<'a> {
     source: WeightSource<'a>,
     device: Device,
+    dtype: WeightDtype,
     used: BTreeSet<String>,
     problems: Vec<String>,
     notes: Vec<String>,
     parameters: usize,
+    /// Bytes the loaded weights take as stored.
+    weight_bytes: usize,
     /// Bytes of zero placeholders handed out for missing or misshapen weights.
     placeholder_bytes: usize,
 }
@@ -271,6 +388,11 @@ pub struct LoadReport {
     pub unused: Vec<String>,
     /// Number of parameters loaded.
     pub parameters: usize,
+    /// Bytes the loaded weights take as stored (matrices in the load's precision, the other
+    /// weights in f32).
+    pub weight_bytes: usize,
+    /// The precision the weight matrices are stored in.
+    pub dtype: WeightDtype,
     /// What the adapter wants the user to know about the load (e.g. a part of the checkpoint
     /// it does not run).
     pub notes: Vec<String>,
@@ -292,12 +414,27 @@ impl<'a> WeightLoader<'a> {
         WeightLoader {
             source,
             device: device.clone(),
+            dtype: WeightDtype::F32,
             used: BTreeSet::new(),
             problems: Vec::new(),
             notes: Vec::new(),
             parameters: 0,
+            weight_bytes: 0,
             placeholder_bytes: 0,
         }
+    }
+
+    /// Stores weights in `dtype`: matrices (linear maps, embedding tables) are held in it, and
+    /// every other weight is rounded to it (and held in f32), so that the model computes what
+    /// transformers computes with the weights in that precision, accumulating in f32.
+    pub fn with_dtype(mut self, dtype: WeightDtype) -> Self {
+        self.dtype = dtype;
+        self
+    }
+
+    /// The precision weights are stored in.
+    pub fn dtype(&self) -> WeightDtype {
+        self.dtype
     }
 
     /// Records a problem the adapter found with the config or checkpoint; it is listed with the
@@ -353,7 +490,8 @@ impl<'a> WeightLoader<'a> {
         best.map_or("", |i| candidates[i])
     }
 
-    /// The weight `name`, which must have `shape` and hold only finite values.
+    /// The weight `name`, which must have `shape` and hold only finite values once rounded to
+    /// the load's precision.
     ///
     /// A missing, misshapen or non-finite weight is recorded and a zero placeholder returned,
     /// so that [`WeightLoader::finish`] can list every problem at once. Placeholders are sized
@@ -361,32 +499,33 @@ impl<'a> WeightLoader<'a> {
     /// bytes (or a shape's size overflows), loading stops with the problems found so far,
     /// before allocating anything from the untrusted sizes.
     pub fn tensor<const D: usize>(&mut self, name: &str, shape: [usize; D]) -> Result<Tensor<D>> {
-        let Some(elements) = shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) else {
-            self.problems
-                .push(format!("  `{name}`: expected shape {shape:?} overflows"));
-            return Err(self.stopped());
-        };
+        let elements = self.elements(name, &shape)?;
         let read = match &self.source {
-            WeightSource::Checkpoint(checkpoint) => checkpoint.read(name),
+            WeightSource::Checkpoint(checkpoint) => {
+                let read = checkpoint.read(name);
+                checkpoint.release(name);
+                read
+            }
             WeightSource::Random { seed } => {
                 Ok((random_values(*seed, name, &shape), shape.to_vec()))
             }
         };
         let problem = match read {
-            Ok((values, stored)) if stored == shape => {
+            Ok((mut values, stored)) if stored == shape => {
                 self.used.insert(name.to_string());
-                match values.iter().position(|v| !v.is_finite()) {
+                let dtype = self.dtype;
+                match values.iter().position(|v| !dtype.round(*v).is_finite()) {
                     None => {
-                        self.parameters += values.len();
+                        if dtype != WeightDtype::F32 {
+                            values.iter_mut().for_each(|v| *v = dtype.round(*v));
+                        }
+                        self.count(elements, std::mem::size_of::<f32>());
                         return Ok(Tensor::from_data(
                             TensorData::new(values, shape),
                             &self.device,
                         ));
                     }
-                    Some(index) => format!(
-                        "  `{name}` holds a non-finite value ({}) at flat index {index}",
-                        values[index]
-                    ),
+                    Some(index) => self.non_finite(name, index, values[index]),
                 }
             }
             Ok((_, stored)) => {
@@ -395,6 +534,134 @@ impl<'a> WeightLoader<'a> {
             }
             Err(reason) => format!("  `{name}`: {reason}"),
         };
+        self.placeholder(problem, elements)?;
+        Ok(Tensor::zeros(shape, &self.device))
+    }
+
+    /// The weight matrix `name`, stored with `shape` as `[in, out]` (`InOut`, a GPT-2 `Conv1D`)
+    /// or `[out, in]` (`OutIn`, a torch `nn.Linear` or an embedding table), ready for products
+    /// `x W`. On the CPU backend it is packed straight from the checkpoint's bytes into the
+    /// load's precision (never held in f32 as a whole); elsewhere it is an `[in, out]` view of a
+    /// tensor. Problems are recorded as [`WeightLoader::tensor`] records them.
+    pub(crate) fn matrix(
+        &mut self,
+        name: &str,
+        shape: [usize; 2],
+        orientation: Orientation,
+    ) -> Result<Matrix> {
+        let [rows, columns] = shape;
+        let d_in_out = match orientation {
+            Orientation::InOut => [rows, columns],
+            Orientation::OutIn => [columns, rows],
+        };
+        let index = move |k: usize, n: usize| match orientation {
+            Orientation::InOut => k * columns + n,
+            Orientation::OutIn => n * columns + k,
+        };
+        if !is_flex(&self.device) {
+            let tensor = self.tensor(name, shape)?;
+            return Ok(Matrix::Tensor(Box::new(match orientation {
+                Orientation::InOut => tensor,
+                Orientation::OutIn => tensor.transpose(),
+            })));
+        }
+        let elements = self.elements(name, &shape)?;
+        let packed = match &self.source {
+            WeightSource::Checkpoint(checkpoint) => match checkpoint.stored(name) {
+                Ok(stored) if stored.shape == shape => {
+                    let packed = stored.pack(self.dtype, d_in_out, index);
+                    checkpoint.release(name);
+                    Ok(packed)
+                }
+                // The weight is there, misshapen: it counts as used.
+                Ok(stored) => Err((
+                    format!(
+                        "  `{name}` has shape {:?}, expected {shape:?} from the config",
+                        stored.shape
+                    ),
+                    true,
+                )),
+                Err(reason) => Err((format!("  `{name}`: {reason}"), false)),
+            },
+            WeightSource::Random { seed } => {
+                let values = random_values(*seed, name, &shape);
+                let [d_in, d_out] = d_in_out;
+                Ok(PackedMatrix::pack(self.dtype, d_in, d_out, |k, n| {
+                    values[index(k, n)]
+                }))
+            }
+        };
+        let problem = match packed {
+            Ok(packed) => {
+                self.used.insert(name.to_string());
+                match packed.first_non_finite() {
+                    None => {
+                        self.count(elements, self.dtype.size());
+                        return Ok(Matrix::Packed(packed));
+                    }
+                    Some(bad) => {
+                        let flat = index(bad.input, bad.output);
+                        let stored = match &self.source {
+                            WeightSource::Checkpoint(checkpoint) => checkpoint
+                                .stored(name)
+                                .map_or(bad.value, |stored| stored.value(flat)),
+                            WeightSource::Random { .. } => bad.value,
+                        };
+                        self.non_finite(name, flat, stored)
+                    }
+                }
+            }
+            Err((problem, stored)) => {
+                if stored {
+                    self.used.insert(name.to_string());
+                }
+                problem
+            }
+        };
+        self.placeholder(problem, elements)?;
+        Ok(Matrix::Tensor(Box::new(Tensor::zeros(
+            d_in_out,
+            &self.device,
+        ))))
+    }
+
+    /// Elements of a weight of `shape`, or the error that stops a load whose config sizes
+    /// overflow.
+    fn elements(&mut self, name: &str, shape: &[usize]) -> Result<usize> {
+        match shape.iter().try_fold(1usize, |n, &d| n.checked_mul(d)) {
+            Some(elements) => Ok(elements),
+            None => {
+                self.problems
+                    .push(format!("  `{name}`: expected shape {shape:?} overflows"));
+                Err(self.stopped())
+            }
+        }
+    }
+
+    /// Counts a loaded weight.
+    fn count(&mut self, elements: usize, bytes_each: usize) {
+        self.parameters += elements;
+        self.weight_bytes = self
+            .weight_bytes
+            .saturating_add(elements.saturating_mul(bytes_each));
+    }
+
+    /// The problem of a weight whose stored `value` is not finite, or not once rounded to the
+    /// load's precision.
+    fn non_finite(&self, name: &str, index: usize, value: f32) -> String {
+        match value.is_finite() {
+            false => format!("  `{name}` holds a non-finite value ({value}) at flat index {index}"),
+            true => format!(
+                "  `{name}` holds {value} at flat index {index}, beyond the range of {} (load it \
+                 with --dtype f32 or bf16)",
+                self.dtype
+            ),
+        }
+    }
+
+    /// Records a problem and accounts for the zero placeholder of `elements` f32 values handed
+    /// out instead; stops the load once placeholders exceed [`PLACEHOLDER_BUDGET`].
+    fn placeholder(&mut self, problem: String, elements: usize) -> Result<()> {
         self.problems.push(problem);
         self.placeholder_bytes = self
             .placeholder_bytes
@@ -402,7 +669,7 @@ impl<'a> WeightLoader<'a> {
         if self.placeholder_bytes > PLACEHOLDER_BUDGET {
             return Err(self.stopped());
         }
-        Ok(Tensor::zeros(shape, &self.device))
+        Ok(())
     }
 
     /// The error that ends a load early: every problem so far, and why it stopped.
@@ -440,6 +707,8 @@ impl<'a> WeightLoader<'a> {
         Ok(LoadReport {
             unused,
             parameters: self.parameters,
+            weight_bytes: self.weight_bytes,
+            dtype: self.dtype,
             notes: self.notes,
         })
     }

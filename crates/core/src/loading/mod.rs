@@ -2,6 +2,7 @@
 //! a model compiled into the binary.
 
 mod checkpoint;
+mod dtype;
 mod hub;
 mod json;
 
@@ -12,6 +13,8 @@ use serde_json::Value;
 
 pub(crate) use checkpoint::Bytes;
 pub use checkpoint::{Checkpoint, LoadReport, WeightLoader};
+pub(crate) use checkpoint::{Matrix, Orientation};
+pub use dtype::{WeightDtype, parse_dtype_choice};
 pub use json::ConfigFloat;
 
 use crate::error::{Error, Result};

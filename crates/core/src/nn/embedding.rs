@@ -9,7 +9,7 @@ use burn::tensor::{Int, Tensor, TensorData};
 
 use super::packed::PackedMatrix;
 use crate::error::Result;
-use crate::loading::WeightLoader;
+use crate::loading::{Matrix, Orientation, WeightLoader};
 
 /// A `[rows, size]` lookup table.
 #[derive(Debug, Clone)]
@@ -20,11 +20,11 @@ pub struct Embedding {
 /// Where the table lives.
 #[derive(Debug, Clone)]
 enum Table {
-    /// The stored `[rows, size]` tensor.
+    /// The stored `[rows, size]` tensor (backends other than the CPU's).
     Dense(Box<Tensor<2>>),
-    /// The packed weight of a head tied to this table (`[size, rows]` as a matrix): one copy
-    /// serves both the lookup and the head.
-    TiedHead(Arc<PackedMatrix>),
+    /// On the CPU, the table packed in the load's precision as the `[size, rows]` matrix of a
+    /// language-model head: a head tied to the table shares this one copy.
+    Packed(Arc<PackedMatrix>),
 }
 
 impl Embedding {
@@ -35,9 +35,12 @@ impl Embedding {
         rows: usize,
         size: usize,
     ) -> Result<Self> {
-        Ok(Embedding {
-            table: Table::Dense(Box::new(loader.tensor(name, [rows, size])?)),
-        })
+        let table = match loader.matrix(name, [rows, size], Orientation::OutIn)? {
+            Matrix::Packed(packed) => Table::Packed(Arc::new(packed)),
+            // An `[in, out]` view of the `[rows, size]` table.
+            Matrix::Tensor(view) => Table::Dense(Box::new(view.transpose())),
+        };
+        Ok(Embedding { table })
     }
 
     /// Rows for `[B, T]` indices: `[B, T, size]`. Indices must be below `rows` (the model
@@ -45,7 +48,7 @@ impl Embedding {
     pub fn forward(&self, indices: Tensor<2, Int>) -> Tensor<3> {
         match &self.table {
             Table::Dense(table) => embedding(table.as_ref().clone(), indices),
-            Table::TiedHead(packed) => {
+            Table::Packed(packed) => {
                 let [batch, len] = indices.dims();
                 let ids: Vec<usize> = indices
                     .into_data()
@@ -60,25 +63,19 @@ impl Embedding {
         }
     }
 
-    /// A language-model head tied to this table. Where the head packs the table for the CPU
-    /// kernels, the lookup reads that packed copy from then on and the dense table is dropped.
-    pub(crate) fn tied_head(&mut self) -> super::Linear {
-        let table = match &self.table {
-            Table::Dense(table) => table.as_ref().clone(),
-            Table::TiedHead(packed) => return super::Linear::from_packed(packed.clone()),
-        };
-        let head = super::Linear::from_out_in(table);
-        if let Some(packed) = head.packed() {
-            self.table = Table::TiedHead(packed);
+    /// A language-model head tied to this table: on the CPU it shares the packed table.
+    pub(crate) fn tied_head(&self) -> super::Linear {
+        match &self.table {
+            Table::Dense(table) => super::Linear::from_out_in(table.as_ref().clone()),
+            Table::Packed(packed) => super::Linear::from_packed(packed.clone()),
         }
-        head
     }
 
     /// The table's `[rows, size]` shape.
     pub fn dims(&self) -> [usize; 2] {
         match &self.table {
             Table::Dense(table) => table.dims(),
-            Table::TiedHead(packed) => [packed.d_out(), packed.d_in()],
+            Table::Packed(packed) => [packed.d_out(), packed.d_in()],
         }
     }
 }
@@ -88,32 +85,38 @@ mod tests {
     use burn::tensor::Device;
 
     use super::*;
+    use crate::loading::WeightDtype;
 
-    /// A head tied to the table takes the packed copy over: lookups read the same rows from it
-    /// (every panel, including the partial last one), and the head multiplies by the table.
+    /// On the CPU the table is packed in the load's precision: lookups read the stored rows
+    /// back (every panel, including the partial last one) and a tied head shares the same copy,
+    /// multiplying by the table.
     #[test]
-    fn a_tied_head_shares_one_copy_that_serves_lookups_and_the_head() {
+    fn a_packed_table_serves_lookups_and_a_tied_head() {
         let (rows, size) = (70, 5);
-        let mut rng = fastrand::Rng::with_seed(7);
-        let values: Vec<f32> = (0..rows * size).map(|_| rng.f32() - 0.5).collect();
         let device = Device::default();
-        let table = Tensor::<2>::from_data(TensorData::new(values, [rows, size]), &device);
-        let mut embeddings = Embedding {
-            table: Table::Dense(Box::new(table.clone())),
-        };
-        let ids = [[0i64, 33, 69], [31, 32, 64]];
-        let indices = Tensor::<2, Int>::from_data(TensorData::from(ids), &device);
-        let dense = embeddings.forward(indices.clone()).into_data();
-        let head = embeddings.tied_head();
-        assert!(
-            matches!(embeddings.table, Table::TiedHead(_)),
-            "table not shared"
-        );
-        assert_eq!(embeddings.dims(), [rows, size]);
-        assert_eq!(embeddings.forward(indices).into_data(), dense);
-        let x = Tensor::<2>::from_data(TensorData::new(vec![0.5f32; 2 * size], [2, size]), &device);
-        let expected = x.clone().matmul(table.transpose()).into_data();
-        let logits = head.forward(x).into_data();
-        logits.assert_approx_eq::<f32>(&expected, burn::tensor::Tolerance::absolute(1e-5));
+        for dtype in [WeightDtype::F32, WeightDtype::Bf16, WeightDtype::F16] {
+            let mut loader = WeightLoader::random(7, &device).with_dtype(dtype);
+            let embeddings = Embedding::load(&mut loader, "table", rows, size).unwrap();
+            let table: Tensor<2> = loader.tensor("table", [rows, size]).unwrap();
+            let Table::Packed(packed) = &embeddings.table else {
+                panic!("not packed on the CPU backend");
+            };
+            assert_eq!(packed.dtype(), dtype);
+            assert_eq!(embeddings.dims(), [rows, size]);
+            let ids = [[0i64, 33, 69], [31, 32, 64]];
+            let indices = Tensor::<2, Int>::from_data(TensorData::from(ids), &device);
+            let expected = embedding(table.clone(), indices.clone()).into_data();
+            assert_eq!(embeddings.forward(indices).into_data(), expected, "{dtype}");
+            let head = embeddings.tied_head();
+            assert!(
+                Arc::ptr_eq(&head.packed().unwrap(), packed),
+                "table not shared"
+            );
+            let x =
+                Tensor::<2>::from_data(TensorData::new(vec![0.5f32; 2 * size], [2, size]), &device);
+            let expected = x.clone().matmul(table.transpose()).into_data();
+            let logits = head.forward(x).into_data();
+            logits.assert_approx_eq::<f32>(&expected, burn::tensor::Tolerance::absolute(1e-5));
+        }
     }
 }

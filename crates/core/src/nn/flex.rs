@@ -3,10 +3,15 @@
 
 use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
-use burn::tensor::{DType, Tensor};
+use burn::tensor::{DType, Device, Tensor};
 
 /// The tensor's `flex` storage when it lives on that backend as `f32`.
 pub(crate) fn f32_primitive<const D: usize>(tensor: &Tensor<D>) -> Option<FlexTensor> {
     let primitive = tensor.clone().try_into_primitive::<Flex>().ok()?;
     (primitive.dtype() == DType::F32).then_some(primitive)
+}
+
+/// Whether `device` is the CPU (`flex`) device, where weights are packed for the CPU kernels.
+pub(crate) fn is_flex(device: &Device) -> bool {
+    f32_primitive(&Tensor::<1>::zeros([0], device)).is_some()
 }

@@ -1,11 +1,11 @@
 //! Affine maps `y = x W + b`.
 //!
 //! The map folds every leading axis into the rows of one 2-D matrix product. On the CPU
-//! (`flex`) backend in f32 the weight is packed once, when the map is built, into the panels of
-//! `packed` (the original matrix is then dropped unless something else holds it, as a tied
-//! embedding table does), and every product, prompt call or decode step, runs there. On other
-//! backends the weight stays a burn tensor: a torch `[out, in]` matrix used through a transposed
-//! view, which burn's matmul reads directly (burn's `linear` would copy it on every call).
+//! (`flex`) backend the weight is packed once, at load, straight from the checkpoint into the
+//! panels of `packed`, in the load's precision (f32, bf16 or f16), and every product, prompt
+//! call or decode step, runs there, accumulating in f32. On other backends the weight stays a
+//! burn tensor: a torch `[out, in]` matrix used through a transposed view, which burn's matmul
+//! reads directly (burn's `linear` would copy it on every call).
 
 use std::sync::Arc;
 
@@ -17,7 +17,7 @@ use super::Embedding;
 use super::flex::f32_primitive;
 use super::packed::PackedMatrix;
 use crate::error::Result;
-use crate::loading::WeightLoader;
+use crate::loading::{Matrix, Orientation, WeightDtype, WeightLoader};
 
 /// An affine map from the last axis of its input.
 #[derive(Debug, Clone)]
@@ -43,6 +43,19 @@ impl Weight {
             None => Weight::Tensor(Box::new(weight)),
         }
     }
+
+    /// Loads the matrix `{name}` stored with `shape` in `orientation`.
+    fn load(
+        loader: &mut WeightLoader<'_>,
+        name: &str,
+        shape: [usize; 2],
+        orientation: Orientation,
+    ) -> Result<Self> {
+        Ok(match loader.matrix(name, shape, orientation)? {
+            Matrix::Packed(packed) => Weight::Packed(Arc::new(packed)),
+            Matrix::Tensor(tensor) => Weight::Tensor(tensor),
+        })
+    }
 }
 
 fn pack(weight: &Tensor<2>) -> Option<PackedMatrix> {
@@ -58,7 +71,11 @@ fn pack(weight: &Tensor<2>) -> Option<PackedMatrix> {
     );
     let storage = &primitive.storage::<f32>()[layout.start_offset()..];
     let last = (d_in.checked_sub(1)?) * in_stride + (d_out.checked_sub(1)?) * out_stride;
-    (last < storage.len()).then(|| PackedMatrix::pack(storage, d_in, d_out, in_stride, out_stride))
+    (last < storage.len()).then(|| {
+        PackedMatrix::pack(WeightDtype::F32, d_in, d_out, |k, n| {
+            storage[k * in_stride + n * out_stride]
+        })
+    })
 }
 
 /// `x W + b` on the packed kernels.
@@ -94,8 +111,9 @@ impl Linear {
         d_in: usize,
         d_out: usize,
     ) -> Result<Self> {
+        let weight = &format!("{name}.weight");
         Ok(Linear {
-            weight: Weight::new(loader.tensor(&format!("{name}.weight"), [d_in, d_out])?),
+            weight: Weight::load(loader, weight, [d_in, d_out], Orientation::InOut)?,
             bias: Some(loader.tensor(&format!("{name}.bias"), [d_out])?),
         })
     }
@@ -108,15 +126,13 @@ impl Linear {
         d_out: usize,
         bias: bool,
     ) -> Result<Self> {
-        let weight: Tensor<2> = loader.tensor(&format!("{name}.weight"), [d_out, d_in])?;
+        let weight = &format!("{name}.weight");
+        let weight = Weight::load(loader, weight, [d_out, d_in], Orientation::OutIn)?;
         let bias = match bias {
             true => Some(loader.tensor(&format!("{name}.bias"), [d_out])?),
             false => None,
         };
-        Ok(Linear {
-            weight: Weight::new(weight.transpose()),
-            bias,
-        })
+        Ok(Linear { weight, bias })
     }
 
     /// A bias-free map from an `[out, in]` matrix, e.g. a language-model head tied to the
@@ -133,7 +149,7 @@ impl Linear {
     pub fn head(
         loader: &mut WeightLoader<'_>,
         name: &str,
-        embeddings: &mut Embedding,
+        embeddings: &Embedding,
         tied: bool,
     ) -> Result<Self> {
         if tied {
@@ -152,6 +168,7 @@ impl Linear {
     }
 
     /// The packed weight, where the map has one.
+    #[cfg(test)]
     pub(crate) fn packed(&self) -> Option<Arc<PackedMatrix>> {
         match &self.weight {
             Weight::Packed(packed) => Some(packed.clone()),

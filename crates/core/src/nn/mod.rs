@@ -8,12 +8,12 @@ mod decay;
 mod decoder;
 mod embedding;
 mod fastmath;
-mod flex;
+pub(crate) mod flex;
 mod linear;
 mod mlp;
 mod moe;
 mod norm;
-mod packed;
+pub(crate) mod packed;
 mod rotary;
 
 pub use activation::Activation;

@@ -21,11 +21,13 @@ use std::ops::Range;
 use multiversion::{multiversion, target::selected_target};
 use rayon::prelude::*;
 
+use crate::loading::WeightDtype;
+
 /// Output columns per packed panel: two AVX-512 vectors.
 pub(crate) const PANEL: usize = 32;
 /// Most output rows one kernel call keeps in registers.
 const TILE_ROWS: usize = 12;
-/// Inputs per block: a panel's block (`DEPTH_BLOCK x PANEL` floats, 32 KiB) fits in L1.
+/// Inputs per block: a panel's block (`DEPTH_BLOCK x PANEL` weights, at most 32 KiB) fits in L1.
 const DEPTH_BLOCK: usize = 256;
 /// Rows per block: their packed strips (`ROW_BLOCK x DEPTH_BLOCK` floats, 192 KiB) stay in L2.
 const ROW_BLOCK: usize = 16 * TILE_ROWS;
@@ -34,67 +36,146 @@ const ROW_BLOCK: usize = 16 * TILE_ROWS;
 /// machine then leaves its remaining tasks to the others (one task per thread was ~12 % slower
 /// at 128 tokens on GPT-2 small).
 const TASKS_PER_THREAD: usize = 8;
-/// Panel rows ahead of the kernel that it asks the cache to fetch.
-const PREFETCH_ROWS: usize = 16;
+/// Bytes of panel rows ahead of the kernel that it asks the cache to fetch.
+const PREFETCH_BYTES: usize = 2048;
+
+/// How a stored weight type is written into panels and read back.
+pub(crate) trait Element: Copy + Send + Sync + std::fmt::Debug + 'static {
+    /// The precision this type stores.
+    const DTYPE: WeightDtype;
+    /// Zero, for the columns past a matrix's last.
+    const ZERO: Self;
+    /// `value` rounded to this type (to nearest, ties to even).
+    fn from_f32(value: f32) -> Self;
+    /// The stored value, exactly, as f32.
+    fn to_f32(self) -> f32;
+    /// Where column `j` of a panel sits in a panel row. bf16 rows interleave the two halves
+    /// (column `j < 16` at `2j`, column `16 + j` at `2j + 1`) so that the AVX-512 kernel widens a
+    /// row with one shift and one mask.
+    fn slot(column: usize) -> usize {
+        column
+    }
+}
+
+impl Element for f32 {
+    const DTYPE: WeightDtype = WeightDtype::F32;
+    const ZERO: Self = 0.0;
+    fn from_f32(value: f32) -> Self {
+        value
+    }
+    fn to_f32(self) -> f32 {
+        self
+    }
+}
+
+impl Element for half::bf16 {
+    const DTYPE: WeightDtype = WeightDtype::Bf16;
+    const ZERO: Self = half::bf16::ZERO;
+    fn from_f32(value: f32) -> Self {
+        half::bf16::from_f32(value)
+    }
+    fn to_f32(self) -> f32 {
+        half::bf16::to_f32(self)
+    }
+    fn slot(column: usize) -> usize {
+        (column % 16) * 2 + column / 16
+    }
+}
+
+impl Element for half::f16 {
+    const DTYPE: WeightDtype = WeightDtype::F16;
+    const ZERO: Self = half::f16::ZERO;
+    fn from_f32(value: f32) -> Self {
+        half::f16::from_f32(value)
+    }
+    fn to_f32(self) -> f32 {
+        half::f16::to_f32(self)
+    }
+}
 
 /// One input index's slice of a panel: `PANEL` weights, aligned for whole-vector loads.
 #[derive(Debug, Clone, Copy)]
 #[repr(C, align(64))]
-struct PanelRow([f32; PANEL]);
+struct PanelRow<E>([E; PANEL]);
+
+/// Panel `p`, input `k` at `[p * d_in + k]`; columns past `d_out` hold zeros.
+#[derive(Debug)]
+enum Panels {
+    F32(Vec<PanelRow<f32>>),
+    Bf16(Vec<PanelRow<half::bf16>>),
+    F16(Vec<PanelRow<half::f16>>),
+}
+
+/// Runs `$body` with `$rows` bound to the panel rows, whatever their element type.
+macro_rules! with_rows {
+    ($panels:expr, $rows:ident => $body:expr) => {
+        match $panels {
+            Panels::F32($rows) => $body,
+            Panels::Bf16($rows) => $body,
+            Panels::F16($rows) => $body,
+        }
+    };
+}
 
 /// A weight matrix `[in, out]` rearranged into column panels.
 #[derive(Debug)]
 pub(crate) struct PackedMatrix {
-    /// Panel `p`, input `k` at `rows[p * d_in + k]`; columns past `d_out` hold zeros.
-    rows: Vec<PanelRow>,
+    panels: Panels,
     d_in: usize,
     d_out: usize,
 }
 
+/// A weight that is not finite once stored: its place in the `[in, out]` matrix and its value.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct NonFinite {
+    pub(crate) input: usize,
+    pub(crate) output: usize,
+    pub(crate) value: f32,
+}
+
 impl PackedMatrix {
-    /// Packs the `[d_in, d_out]` matrix whose element `(k, n)` is
-    /// `source[k * in_stride + n * out_stride]` (either storage orientation).
-    ///
-    /// # Panics
-    /// If `source` is shorter than those strides address (a caller bug, not bad input: the
-    /// caller passes a tensor's own storage and strides).
+    /// Packs the `[d_in, d_out]` matrix whose element `(k, n)` is `element(k, n)`, stored in
+    /// `dtype` (rounded to nearest).
     pub(crate) fn pack(
-        source: &[f32],
+        dtype: WeightDtype,
         d_in: usize,
         d_out: usize,
-        in_stride: usize,
-        out_stride: usize,
+        element: impl Fn(usize, usize) -> f32 + Sync,
     ) -> Self {
-        let panels = d_out.div_ceil(PANEL);
-        let mut rows = vec![PanelRow([0.0; PANEL]); panels * d_in];
-        if d_in > 0 {
-            rows.par_chunks_mut(d_in)
-                .enumerate()
-                .for_each(|(panel, panel_rows)| {
-                    let columns = panel * PANEL..d_out.min((panel + 1) * PANEL);
-                    for (j, n) in columns.enumerate() {
-                        for (k, row) in panel_rows.iter_mut().enumerate() {
-                            row.0[j] = source[k * in_stride + n * out_stride];
-                        }
-                    }
-                });
+        let panels = match dtype {
+            WeightDtype::F32 => Panels::F32(pack_rows(d_in, d_out, element)),
+            WeightDtype::Bf16 => Panels::Bf16(pack_rows(d_in, d_out, element)),
+            WeightDtype::F16 => Panels::F16(pack_rows(d_in, d_out, element)),
+        };
+        PackedMatrix {
+            panels,
+            d_in,
+            d_out,
         }
-        PackedMatrix { rows, d_in, d_out }
     }
 
-    /// Columns `ids` of the matrix as rows: `[ids.len(), d_in]`, row-major. A tied
-    /// embedding table packed as a language-model head is looked up this way.
+    /// The precision the weights are stored in.
+    #[cfg(test)]
+    pub(crate) fn dtype(&self) -> WeightDtype {
+        match self.panels {
+            Panels::F32(_) => WeightDtype::F32,
+            Panels::Bf16(_) => WeightDtype::Bf16,
+            Panels::F16(_) => WeightDtype::F16,
+        }
+    }
+
+    /// The first stored weight (in panel order) that is infinite or NaN, if any.
+    pub(crate) fn first_non_finite(&self) -> Option<NonFinite> {
+        with_rows!(&self.panels, rows => first_non_finite(rows, self.d_in, self.d_out))
+    }
+
+    /// Columns `ids` of the matrix as rows: `[ids.len(), d_in]`, row-major. An embedding table
+    /// packed as a `[size, rows]` matrix is looked up this way.
     ///
     /// # Panics
     /// If an id is not below `d_out` (callers validate token ids first).
     pub(crate) fn columns(&self, ids: &[usize]) -> Vec<f32> {
-        let mut rows = Vec::with_capacity(ids.len() * self.d_in);
-        for &id in ids {
-            assert!(id < self.d_out, "column {id} of {}", self.d_out);
-            let panel = &self.rows[id / PANEL * self.d_in..][..self.d_in];
-            rows.extend(panel.iter().map(|row| row.0[id % PANEL]));
-        }
-        rows
+        with_rows!(&self.panels, rows => columns(rows, self.d_in, self.d_out, ids))
     }
 
     /// Input width (rows of the weight matrix).
@@ -112,6 +193,16 @@ impl PackedMatrix {
     /// # Panics
     /// If `x` or `bias` do not have the lengths the sizes imply (a caller bug).
     pub(crate) fn multiply(&self, x: &[f32], rows: usize, bias: Option<&[f32]>) -> Vec<f32> {
+        with_rows!(&self.panels, panels => self.multiply_rows(panels, x, rows, bias))
+    }
+
+    fn multiply_rows<E: Element>(
+        &self,
+        panel_rows: &[PanelRow<E>],
+        x: &[f32],
+        rows: usize,
+        bias: Option<&[f32]>,
+    ) -> Vec<f32> {
         let (d_in, d_out) = (self.d_in, self.d_out);
         assert_eq!(x.len(), rows * d_in, "activation length");
         if let Some(bias) = bias {
@@ -130,9 +221,11 @@ impl PackedMatrix {
         (0..tasks).into_par_iter().for_each(|task| {
             let mine = task * panels / tasks..(task + 1) * panels / tasks;
             let product = Product {
-                packed: self,
+                rows: panel_rows,
+                d_in,
+                d_out,
                 strips: &strips,
-                rows,
+                x_rows: rows,
                 bias,
                 output,
                 kernel,
@@ -144,6 +237,67 @@ impl PackedMatrix {
         unsafe { y.set_len(rows * d_out) };
         y
     }
+}
+
+/// The panel rows of a `[d_in, d_out]` matrix, packed in parallel, one panel per task.
+fn pack_rows<E: Element>(
+    d_in: usize,
+    d_out: usize,
+    element: impl Fn(usize, usize) -> f32 + Sync,
+) -> Vec<PanelRow<E>> {
+    let panels = d_out.div_ceil(PANEL);
+    let mut rows = vec![PanelRow([E::ZERO; PANEL]); panels * d_in];
+    if d_in > 0 {
+        rows.par_chunks_mut(d_in)
+            .enumerate()
+            .for_each(|(panel, panel_rows)| {
+                let columns = panel * PANEL..d_out.min((panel + 1) * PANEL);
+                // Row by row: each panel row is written whole, and the source is read either
+                // contiguously (`[in, out]`) or in one sequential stream per column (`[out, in]`).
+                for (k, row) in panel_rows.iter_mut().enumerate() {
+                    for (j, n) in columns.clone().enumerate() {
+                        row.0[E::slot(j)] = E::from_f32(element(k, n));
+                    }
+                }
+            });
+    }
+    rows
+}
+
+fn first_non_finite<E: Element>(
+    rows: &[PanelRow<E>],
+    d_in: usize,
+    d_out: usize,
+) -> Option<NonFinite> {
+    if d_in == 0 {
+        return None;
+    }
+    rows.chunks(d_in)
+        .enumerate()
+        .find_map(|(panel, panel_rows)| {
+            let columns = PANEL.min(d_out - panel * PANEL);
+            panel_rows.iter().enumerate().find_map(|(k, row)| {
+                (0..columns).find_map(|j| {
+                    let value = row.0[E::slot(j)].to_f32();
+                    (!value.is_finite()).then_some(NonFinite {
+                        input: k,
+                        output: panel * PANEL + j,
+                        value,
+                    })
+                })
+            })
+        })
+}
+
+fn columns<E: Element>(rows: &[PanelRow<E>], d_in: usize, d_out: usize, ids: &[usize]) -> Vec<f32> {
+    let mut values = Vec::with_capacity(ids.len() * d_in);
+    for &id in ids {
+        assert!(id < d_out, "column {id} of {d_out}");
+        let panel = &rows[id / PANEL * d_in..][..d_in];
+        let slot = E::slot(id % PANEL);
+        values.extend(panel.iter().map(|row| row.0[slot].to_f32()));
+    }
+    values
 }
 
 /// The output buffer, shared by tasks that write disjoint columns of it.
@@ -177,19 +331,23 @@ fn pack_strips(x: &[f32], rows: usize, d_in: usize) -> Vec<f32> {
 }
 
 /// One call's operands, seen by the task that computes a range of panels.
-struct Product<'a> {
-    packed: &'a PackedMatrix,
+struct Product<'a, E> {
+    /// The weight's panel rows.
+    rows: &'a [PanelRow<E>],
+    d_in: usize,
+    d_out: usize,
     strips: &'a [f32],
-    rows: usize,
+    /// Activation rows.
+    x_rows: usize,
     bias: Option<&'a [f32]>,
     output: OutputPtr,
     kernel: Kernel,
 }
 
-impl Product<'_> {
+impl<E: Element> Product<'_, E> {
     /// Computes every output row for the columns of `panels`.
     fn panels(&self, panels: Range<usize>) {
-        let (d_in, d_out, rows) = (self.packed.d_in, self.packed.d_out, self.rows);
+        let (d_in, d_out, rows) = (self.d_in, self.d_out, self.x_rows);
         // One strip: nothing is reused across strips, so stream each panel whole.
         let depth_block = if rows <= TILE_ROWS {
             d_in.max(1)
@@ -203,7 +361,7 @@ impl Product<'_> {
                 for panel in panels.clone() {
                     let first_column = panel * PANEL;
                     let columns = PANEL.min(d_out - first_column);
-                    let weights = &self.packed.rows[panel * d_in + depth_start..][..depth];
+                    let weights = &self.rows[panel * d_in + depth_start..][..depth];
                     let bias = self
                         .bias
                         .map(|bias| &bias[first_column..first_column + columns]);
@@ -244,11 +402,11 @@ enum Start<'a> {
 }
 
 /// One kernel call: `height x columns` outputs over one block of inputs.
-struct Tile<'a> {
+struct Tile<'a, E> {
     /// `[depth, height]` activations.
     strip: &'a [f32],
     /// `[depth]` panel rows.
-    weights: &'a [PanelRow],
+    weights: &'a [PanelRow<E>],
     /// The tile's first output; rows `stride` apart.
     output: *mut f32,
     stride: usize,
@@ -274,22 +432,22 @@ impl Kernel {
     }
 
     /// Runs the kernel for a tile of `height` rows (1 to `TILE_ROWS`).
-    fn run(self, height: usize, tile: &Tile<'_>) {
+    fn run<E: Element>(self, height: usize, tile: &Tile<'_, E>) {
         macro_rules! by_height {
             ($kernel:ident) => {
                 match height {
-                    1 => $kernel::<1>(tile),
-                    2 => $kernel::<2>(tile),
-                    3 => $kernel::<3>(tile),
-                    4 => $kernel::<4>(tile),
-                    5 => $kernel::<5>(tile),
-                    6 => $kernel::<6>(tile),
-                    7 => $kernel::<7>(tile),
-                    8 => $kernel::<8>(tile),
-                    9 => $kernel::<9>(tile),
-                    10 => $kernel::<10>(tile),
-                    11 => $kernel::<11>(tile),
-                    _ => $kernel::<TILE_ROWS>(tile),
+                    1 => $kernel::<1, E>(tile),
+                    2 => $kernel::<2, E>(tile),
+                    3 => $kernel::<3, E>(tile),
+                    4 => $kernel::<4, E>(tile),
+                    5 => $kernel::<5, E>(tile),
+                    6 => $kernel::<6, E>(tile),
+                    7 => $kernel::<7, E>(tile),
+                    8 => $kernel::<8, E>(tile),
+                    9 => $kernel::<9, E>(tile),
+                    10 => $kernel::<10, E>(tile),
+                    11 => $kernel::<11, E>(tile),
+                    _ => $kernel::<TILE_ROWS, E>(tile),
                 }
             };
         }
@@ -302,6 +460,46 @@ impl Kernel {
     }
 }
 
+/// A panel row's 32 weights widened to f32: columns 0..16 and 16..32.
+///
+/// # Safety
+/// The CPU must have AVX-512F.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn widen_row<E: Element>(
+    row: &PanelRow<E>,
+) -> (std::arch::x86_64::__m512, std::arch::x86_64::__m512) {
+    use std::arch::x86_64::*;
+    let bytes = row.0.as_ptr().cast::<u8>();
+    // SAFETY: a panel row is 64-byte aligned and holds 32 elements (128 bytes of f32, 64 of
+    // bf16/f16): every load below stays inside it, at its alignment.
+    unsafe {
+        match E::DTYPE {
+            WeightDtype::F32 => (
+                _mm512_load_ps(bytes.cast()),
+                _mm512_load_ps(bytes.add(64).cast()),
+            ),
+            // Each 32-bit lane holds column `j` in its low half and `16 + j` in its high half
+            // (`Element::slot`); a bf16 is the high half of the f32 it rounds.
+            WeightDtype::Bf16 => {
+                let pairs = _mm512_load_si512(bytes.cast());
+                (
+                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(pairs)),
+                    _mm512_castsi512_ps(_mm512_and_si512(
+                        pairs,
+                        _mm512_set1_epi32(0xffff_0000_u32 as i32),
+                    )),
+                )
+            }
+            WeightDtype::F16 => (
+                _mm512_cvtph_ps(_mm256_load_si256(bytes.cast())),
+                _mm512_cvtph_ps(_mm256_load_si256(bytes.add(32).cast())),
+            ),
+        }
+    }
+}
+
 /// The AVX-512 kernel: `R x 32` sums in 2R registers.
 ///
 /// # Safety
@@ -309,21 +507,24 @@ impl Kernel {
 /// writable floats, `tile.stride` apart.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn tile_avx512<const R: usize>(tile: &Tile<'_>) {
+unsafe fn tile_avx512<const R: usize, E: Element>(tile: &Tile<'_, E>) {
     use std::arch::x86_64::*;
     let depth = tile.weights.len();
     debug_assert_eq!(tile.strip.len(), depth * R);
     let mut sums = [[_mm512_setzero_ps(); 2]; R];
     let strip = tile.strip.as_ptr();
+    let lines_per_row = std::mem::size_of::<PanelRow<E>>() / 64;
     for (k, row) in tile.weights.iter().enumerate() {
-        let weights = row.0.as_ptr();
-        // SAFETY: a `PanelRow` is 32 floats aligned to 64 bytes; the strip holds `depth * R`
-        // floats.
-        let ahead = weights.wrapping_add(PREFETCH_ROWS * PANEL);
-        _mm_prefetch::<_MM_HINT_T0>(ahead as *const i8);
-        _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(16) as *const i8);
-        let (low, high) = unsafe { (_mm512_load_ps(weights), _mm512_load_ps(weights.add(16))) };
+        // Prefetches never fault, so the address may lie past the panel.
+        let ahead = (row as *const PanelRow<E>)
+            .cast::<i8>()
+            .wrapping_add(PREFETCH_BYTES);
+        for line in 0..lines_per_row {
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line));
+        }
+        let (low, high) = widen_row(row);
         for (r, sum) in sums.iter_mut().enumerate() {
+            // SAFETY: the strip holds `depth * R` floats.
             let x = _mm512_set1_ps(unsafe { *strip.add(k * R + r) });
             sum[0] = _mm512_fmadd_ps(x, low, sum[0]);
             sum[1] = _mm512_fmadd_ps(x, high, sum[1]);
@@ -366,12 +567,16 @@ fn lane_mask(lanes: usize) -> u16 {
 /// The portable kernel: the same sums, vectorised by the compiler (fused multiply-add where
 /// the target has it).
 #[multiversion(targets("x86_64+avx2+fma"))]
-fn tile_portable<const R: usize>(tile: &Tile<'_>) {
+fn tile_portable<const R: usize, E: Element>(tile: &Tile<'_, E>) {
     const FUSED: bool = selected_target!().supports_feature_str("fma");
     let mut sums = [[0.0f32; PANEL]; R];
+    let mut weights = [0.0f32; PANEL];
     for (row, x) in tile.weights.iter().zip(tile.strip.chunks_exact(R)) {
+        for (j, w) in weights.iter_mut().enumerate() {
+            *w = row.0[E::slot(j)].to_f32();
+        }
         for (sum, x) in sums.iter_mut().zip(x) {
-            for (s, w) in sum.iter_mut().zip(&row.0) {
+            for (s, w) in sum.iter_mut().zip(&weights) {
                 *s = if FUSED { x.mul_add(*w, *s) } else { x * w + *s };
             }
         }
@@ -427,7 +632,8 @@ mod tests {
     }
 
     /// Every tile height, partial panels, several input and row blocks, both storage
-    /// orientations, with and without bias, on both kernels.
+    /// orientations, with and without bias, every storage precision (against the reference on
+    /// the rounded weights), on both kernels.
     #[test]
     fn products_match_a_plain_reference_on_odd_sizes() {
         let shapes = [
@@ -438,27 +644,63 @@ mod tests {
             (ROW_BLOCK + 7, DEPTH_BLOCK * 2 + 3, 97),
             (3, 0, 5),
         ];
-        for (rows, d_in, d_out) in shapes {
+        let dtypes = [WeightDtype::F32, WeightDtype::Bf16, WeightDtype::F16];
+        for ((rows, d_in, d_out), dtype) in shapes.into_iter().flat_map(|s| dtypes.map(|d| (s, d)))
+        {
             let x = matrix(rows * d_in, 1);
             let w = matrix(d_in * d_out, 2);
+            let rounded: Vec<f32> = w.iter().map(|&v| dtype.round(v)).collect();
             let bias = matrix(d_out, 3);
             let transposed: Vec<f32> = (0..d_out * d_in)
                 .map(|i| w[(i % d_in) * d_out + i / d_in])
                 .collect();
             let packings = [
-                PackedMatrix::pack(&w, d_in, d_out, d_out, 1),
-                PackedMatrix::pack(&transposed, d_in, d_out, 1, d_in),
+                PackedMatrix::pack(dtype, d_in, d_out, |k, n| w[k * d_out + n]),
+                PackedMatrix::pack(dtype, d_in, d_out, |k, n| transposed[n * d_in + k]),
             ];
             for packed in &packings {
+                assert_eq!(packed.dtype(), dtype);
+                assert_eq!(packed.first_non_finite(), None);
                 for bias in [None, Some(&bias[..])] {
-                    let exact = reference(&x, &w, bias, [rows, d_in, d_out]);
-                    let what = format!("{rows}x{d_in}x{d_out}, bias {}", bias.is_some());
+                    let exact = reference(&x, &rounded, bias, [rows, d_in, d_out]);
+                    let what = format!("{rows}x{d_in}x{d_out} {dtype}, bias {}", bias.is_some());
                     assert_close(&packed.multiply(&x, rows, bias), &exact, &what);
                     let portable = multiply_with(packed, &x, rows, bias, Kernel::Portable);
                     assert_close(&portable, &exact, &format!("{what}, portable kernel"));
                 }
             }
         }
+    }
+
+    /// Columns read back exactly as stored, in every precision, and a weight that does not fit
+    /// the precision is found with its place.
+    #[test]
+    fn columns_read_back_and_non_finite_weights_are_located() {
+        let (d_in, d_out) = (3, 70);
+        let w = matrix(d_in * d_out, 4);
+        for dtype in [WeightDtype::F32, WeightDtype::Bf16, WeightDtype::F16] {
+            let packed = PackedMatrix::pack(dtype, d_in, d_out, |k, n| w[k * d_out + n]);
+            let ids = [0, 15, 16, 31, 33, 69];
+            let expected: Vec<f32> = ids
+                .iter()
+                .flat_map(|&n| {
+                    let w = &w;
+                    (0..d_in).map(move |k| dtype.round(w[k * d_out + n]))
+                })
+                .collect();
+            assert_eq!(packed.columns(&ids), expected, "{dtype}");
+        }
+        let huge = PackedMatrix::pack(WeightDtype::F16, d_in, d_out, |k, n| {
+            if (k, n) == (2, 45) { 1e6 } else { 0.5 }
+        });
+        assert_eq!(
+            huge.first_non_finite(),
+            Some(NonFinite {
+                input: 2,
+                output: 45,
+                value: f32::INFINITY
+            })
+        );
     }
 
     /// `multiply` with a given kernel, on one thread.
@@ -474,15 +716,19 @@ mod tests {
             return y;
         }
         let strips = pack_strips(x, rows, packed.d_in);
-        let product = Product {
-            packed,
-            strips: &strips,
-            rows,
-            bias,
-            output: OutputPtr(y.as_mut_ptr()),
-            kernel,
-        };
-        product.panels(0..packed.d_out.div_ceil(PANEL));
+        with_rows!(&packed.panels, panel_rows => {
+            let product = Product {
+                rows: panel_rows,
+                d_in: packed.d_in,
+                d_out: packed.d_out,
+                strips: &strips,
+                x_rows: rows,
+                bias,
+                output: OutputPtr(y.as_mut_ptr()),
+                kernel,
+            };
+            product.panels(0..packed.d_out.div_ceil(PANEL));
+        });
         y
     }
 }

@@ -44,7 +44,14 @@ class Model:
 
     def __init__(self, model: str | None = None, *, dtype: str | None = None, device: str | None = None) -> None:
         """Load a local Hugging Face directory, a hub id, or (None) the embedded default model.
-        `dtype` accepts only "float32" and `device` only "cpu" in this build."""
+        `dtype` is the precision the weights are stored in: "auto" (or None: the config's
+        `dtype`, else the checkpoint's, as transformers does), "float32", "bfloat16" or
+        "float16" (also "f32", "bf16", "f16"). Products accumulate in float32 and saved values
+        are float32 whatever the storage. `device` accepts only "cpu" in this build."""
+
+    @property
+    def dtype(self) -> str:
+        """The precision the weights are stored in: "float32", "bfloat16" or "float16"."""
 
     def encode(self, text: str) -> list[int]:
         """The token ids of `text` (no special tokens added)."""

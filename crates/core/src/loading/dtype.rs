@@ -1,0 +1,158 @@
+//! The precision weights are stored in once loaded, and how `auto` picks it.
+//!
+//! Storage precision is a memory and bandwidth choice only: every product accumulates in f32
+//! and every site is served in f32. Storing in bf16 or f16 rounds each weight once, at load
+//! (to nearest, ties to even), so a model loaded in bf16 computes exactly what an f32 model
+//! computes on the bf16-rounded weights.
+
+use std::fmt;
+use std::str::FromStr;
+
+use safetensors::Dtype;
+use serde_json::Value;
+
+use super::Checkpoint;
+
+/// How weights are stored once loaded.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub enum WeightDtype {
+    /// 32-bit floats.
+    #[default]
+    F32,
+    /// bfloat16: f32's range, 8 bits of mantissa.
+    Bf16,
+    /// IEEE half precision: 11 bits of mantissa, magnitudes up to 65504.
+    F16,
+}
+
+impl WeightDtype {
+    /// Bytes per stored weight.
+    pub fn size(self) -> usize {
+        match self {
+            WeightDtype::F32 => 4,
+            WeightDtype::Bf16 | WeightDtype::F16 => 2,
+        }
+    }
+
+    /// `value` rounded to this precision (to nearest, ties to even), back in f32. A value beyond
+    /// f16's range becomes infinite in f16, which the loader reports.
+    pub fn round(self, value: f32) -> f32 {
+        match self {
+            WeightDtype::F32 => value,
+            WeightDtype::Bf16 => half::bf16::from_f32(value).to_f32(),
+            WeightDtype::F16 => half::f16::from_f32(value).to_f32(),
+        }
+    }
+
+    /// The precision `auto` picks, as transformers' `dtype="auto"` does: `config.json`'s `dtype`
+    /// (or the older `torch_dtype`) when it names one of the three, else the floating-point type
+    /// holding most of the checkpoint's bytes (f32 for anything wider or not floating).
+    pub fn auto(config: &Value, checkpoint: Option<&Checkpoint>) -> WeightDtype {
+        let declared = ["dtype", "torch_dtype"]
+            .iter()
+            .filter_map(|key| config.get(*key).and_then(Value::as_str))
+            .find_map(|name| name.parse().ok());
+        if let Some(dtype) = declared {
+            return dtype;
+        }
+        let stored = checkpoint.and_then(|checkpoint| {
+            [Dtype::F32, Dtype::BF16, Dtype::F16]
+                .into_iter()
+                .map(|dtype| (checkpoint.bytes_of(dtype), dtype))
+                .filter(|(bytes, _)| *bytes > 0)
+                .max_by_key(|(bytes, _)| *bytes)
+        });
+        match stored {
+            Some((_, Dtype::BF16)) => WeightDtype::Bf16,
+            Some((_, Dtype::F16)) => WeightDtype::F16,
+            _ => WeightDtype::F32,
+        }
+    }
+}
+
+impl fmt::Display for WeightDtype {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            WeightDtype::F32 => "f32",
+            WeightDtype::Bf16 => "bf16",
+            WeightDtype::F16 => "f16",
+        })
+    }
+}
+
+impl FromStr for WeightDtype {
+    type Err = String;
+
+    /// `f32`/`float32`/`float`, `bf16`/`bfloat16`, `f16`/`float16`/`half`, with or without a
+    /// `torch.` prefix.
+    fn from_str(text: &str) -> Result<Self, String> {
+        match text.trim().trim_start_matches("torch.") {
+            "f32" | "float32" | "float" => Ok(WeightDtype::F32),
+            "bf16" | "bfloat16" => Ok(WeightDtype::Bf16),
+            "f16" | "float16" | "half" => Ok(WeightDtype::F16),
+            other => Err(format!(
+                "`{other}` is not a weight dtype (auto, f32, bf16 or f16)"
+            )),
+        }
+    }
+}
+
+/// A `--dtype` choice: `auto` (`None`) or one precision.
+pub fn parse_dtype_choice(text: &str) -> Result<Option<WeightDtype>, String> {
+    match text.trim() {
+        "auto" => Ok(None),
+        other => other.parse().map(Some),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use serde_json::json;
+
+    use super::*;
+
+    #[test]
+    fn auto_follows_the_config_then_the_stored_bytes() {
+        assert_eq!(
+            WeightDtype::auto(&json!({"dtype": "bfloat16"}), None),
+            WeightDtype::Bf16
+        );
+        assert_eq!(
+            WeightDtype::auto(&json!({"torch_dtype": "float16"}), None),
+            WeightDtype::F16
+        );
+        assert_eq!(
+            WeightDtype::auto(&json!({"dtype": "float64"}), None),
+            WeightDtype::F32
+        );
+        assert_eq!(WeightDtype::auto(&json!({}), None), WeightDtype::F32);
+    }
+
+    #[test]
+    fn choices_parse_and_bad_ones_are_named() {
+        assert_eq!(parse_dtype_choice("auto"), Ok(None));
+        assert_eq!(parse_dtype_choice("bfloat16"), Ok(Some(WeightDtype::Bf16)));
+        assert_eq!(
+            parse_dtype_choice("torch.float16"),
+            Ok(Some(WeightDtype::F16))
+        );
+        assert_eq!(parse_dtype_choice("f32"), Ok(Some(WeightDtype::F32)));
+        let error = parse_dtype_choice("int8").unwrap_err();
+        assert!(error.contains("`int8`"), "{error}");
+    }
+
+    #[test]
+    fn rounding_is_to_nearest_and_f16_overflows_to_infinity() {
+        assert_eq!(WeightDtype::Bf16.round(1.0 + 1.0 / 256.0), 1.0);
+        assert_eq!(
+            WeightDtype::Bf16.round(1.0 + 3.0 / 256.0),
+            1.0 + 4.0 / 256.0
+        );
+        assert_eq!(
+            WeightDtype::F16.round(0.1),
+            half::f16::from_f32(0.1).to_f32()
+        );
+        assert!(WeightDtype::F16.round(1e6).is_infinite());
+        assert_eq!(WeightDtype::F32.round(0.1), 0.1);
+    }
+}
