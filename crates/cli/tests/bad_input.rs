@@ -114,6 +114,32 @@ fn sizes_beyond_any_model_are_refused_before_allocating() {
     }
 }
 
+/// A checkpoint larger than the machine's memory is refused before any weight is read, with
+/// both figures. The file is sparse: its header declares 2 TB of weights that take no disk.
+#[test]
+fn a_checkpoint_beyond_the_available_memory_is_refused_with_both_figures() {
+    let model = Corrupted::of("gpt2-tiny");
+    let elements: u64 = 1 << 40;
+    let header =
+        json!({"huge": {"dtype": "F16", "shape": [elements], "data_offsets": [0, 2 * elements]}});
+    let mut text = header.to_string().into_bytes();
+    text.resize(text.len().div_ceil(8) * 8, b' ');
+    let file = std::fs::File::create(model.path.join("model.safetensors")).unwrap();
+    let mut bytes = (text.len() as u64).to_le_bytes().to_vec();
+    bytes.extend(&text);
+    std::io::Write::write_all(&mut &file, &bytes).unwrap();
+    file.set_len(bytes.len() as u64 + 2 * elements).unwrap();
+    run_fails(
+        &model,
+        &["--dtype", "f32"],
+        &[
+            "in f32 needs about 4.4 TB of memory, and this machine has",
+            "available; a half-precision load (--dtype bf16) needs half as much",
+        ],
+    );
+    run_fails(&model, &[], &["in f16 needs about 2.2 TB of memory"]);
+}
+
 #[test]
 fn config_sizes_that_disagree_with_the_checkpoint_stop_the_load() {
     let model = Corrupted::of("gpt2-tiny").config("n_embd", json!(2_000_000_000u64));

@@ -124,6 +124,7 @@ fn the_slurm_and_kubernetes_examples_run_shards_that_merge() {
                 .unwrap();
         assert_eq!(manifest["shards"].as_array().unwrap().len(), 4);
         assert_eq!(manifest["prompts"], 37);
+        assert_eq!(manifest["dtype"], "f16", "gpt2-tiny's config says float16");
     }
     assert_eq!(
         row_files(&slurm_out),

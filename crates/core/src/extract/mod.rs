@@ -82,6 +82,9 @@ struct JobRecord {
     format: String,
     model: String,
     model_type: String,
+    /// The precision the weights were stored in (absent from jobs before it was recorded).
+    #[serde(default)]
+    dtype: String,
     prompts_file: String,
     prompts_fingerprint: String,
     input_prompts: usize,
@@ -100,6 +103,9 @@ pub struct Manifest {
     pub model: String,
     /// Its `model_type`.
     pub model_type: String,
+    /// The precision its weights were stored in (`f32`, `bf16`, `f16`).
+    #[serde(default)]
+    pub dtype: String,
     /// The prompts file as named on the command line.
     pub prompts_file: String,
     /// Prompts in the whole file (every shard).
@@ -152,6 +158,7 @@ pub fn extract(
         format: FORMAT.into(),
         model: job.model.clone(),
         model_type: model.architecture().name.to_string(),
+        dtype: model.dtype().to_string(),
         prompts_file: job.prompts.display().to_string(),
         prompts_fingerprint: format!("{fingerprint:016x}"),
         input_prompts,
@@ -219,6 +226,7 @@ pub fn extract(
         format: FORMAT.into(),
         model: record.model,
         model_type: record.model_type,
+        dtype: record.dtype,
         prompts_file: record.prompts_file,
         input_prompts,
         shards: vec![job.shard],
@@ -381,6 +389,7 @@ pub fn merge_manifests(dir: &Path) -> Result<Manifest> {
     let count = first.shards.first().map_or(0, |s| s.count);
     for part in &parts {
         let same_job = part.model == first.model
+            && part.dtype == first.dtype
             && part.prompts_file == first.prompts_file
             && part.input_prompts == first.input_prompts
             && part.sites == first.sites
