@@ -9,6 +9,14 @@ Markdown tables of ratios for BENCHMARKS.md.
 
 Forward: one call on a prompt. Generation: greedy, `--new-tokens` tokens from a 10-token
 prompt; decode milliseconds per token are (time(N tokens) - time(1 token)) / (N - 1).
+
+Weights in each precision against transformers in the same dtype, and llama.cpp on GGUF
+conversions (`pip install llama-cpp-python gguf` builds llama.cpp from its sdist, ~6 min on 2
+cores; its sdist's `vendor/llama.cpp/convert_hf_to_gguf.py --outtype f32|bf16|f16` converts, with
+`n_ctx` added to a GPT-2 config saved by transformers 5):
+
+    python conformance/scripts/bench.py --precision-models bench-models/gpt2-small \
+        --llama-cpp f32=gpt2-f32.gguf bf16=gpt2-bf16.gguf f16=gpt2-f16.gguf
 """
 
 import argparse
@@ -58,6 +66,33 @@ def time_hookscope(binary, model_dir, prompt_len, iters, warmup, threads, new_to
         command += ["--new-tokens", str(new_tokens)]
     out = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout)
+
+
+def time_llama_cpp(gguf, prompt_len, new_tokens, threads, iters=3):
+    """llama.cpp (llama-cpp-python) on a GGUF conversion: a prompt evaluation of `prompt_len`
+    tokens (llama.cpp computes logits for the last position only) and the ms/token of evaluating
+    `new_tokens` single tokens after a 10-token prompt (the forward passes of a greedy decode)."""
+    from llama_cpp import Llama
+
+    llm = Llama(str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=max(prompt_len, 10 + new_tokens) + 8,
+                n_batch=max(prompt_len, 16), verbose=False)
+    ids = torch.randint(0, llm.n_vocab(), (prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
+
+    def prompt():
+        llm.reset()
+        llm.eval(ids)
+
+    def decode():
+        llm.reset()
+        llm.eval(ids[:10])
+        start = time.perf_counter()
+        for token in ids[10:10 + new_tokens] if prompt_len >= 10 + new_tokens else [ids[0]] * new_tokens:
+            llm.eval([token])
+        return (time.perf_counter() - start) * 1e3 / new_tokens
+
+    prompt_ms = median_ms(prompt, iters, 1)
+    decode()
+    return prompt_ms, statistics.median(decode() for _ in range(iters))
 
 
 def median_ms(run, iters, warmup):
@@ -120,6 +155,8 @@ def main():
     parser.add_argument("--precision-models", type=Path, nargs="+", default=[],
                         help="time prompt calls and decode with weights in f32, bf16 and f16 on these models")
     parser.add_argument("--dtypes", nargs="+", default=["f32", "bf16", "f16"], choices=sorted(TORCH_DTYPES))
+    parser.add_argument("--llama-cpp", nargs="+", default=[], metavar="DTYPE=FILE.gguf",
+                        help="GGUF conversions of the (one) --precision-models model, timed with llama-cpp-python")
     parser.add_argument("--mamba-model", type=Path, help="also time Mamba prompt calls of growing length")
     parser.add_argument("--mamba2-model", type=Path, help="also time Mamba-2 prompt calls and decode")
     parser.add_argument("--qwen3-next-model", type=Path, help="also time Qwen3-Next prompt calls and decode")
@@ -201,6 +238,7 @@ def print_precision_table(args, model_dir):
     """Prompt calls and decode with the weights stored in each precision, against transformers
     loaded in the same dtype (which also computes in it: AMX/AVX-512 BF16 kernels for bf16)."""
     prompt_len, n = 128, args.new_tokens
+    ggufs = dict(item.split("=", 1) for item in args.llama_cpp)
     print(f"\n{model_dir.name}: weights in each precision; prompt call of {prompt_len} tokens, "
           f"greedy decode from a 10-token prompt ({n} new tokens)")
     print("| weights | MB | transformers prompt (ms) | hookscope prompt (ms) | prompt vs transformers "
@@ -221,6 +259,10 @@ def print_precision_table(args, model_dir):
         print(f"| {dtype} | {weights / 1e6:.0f} | {hf_prompt:.0f} | {plain:.0f} | {hf_prompt / plain:.2f}x "
               f"| {hf_decode:.1f} | {hs_decode:.1f} | {hf_decode / hs_decode:.2f}x | {read:.1f} "
               f"| {100 * bound / hs_decode:.0f}% |")
+        if dtype in ggufs:
+            cpp_prompt, cpp_decode = time_llama_cpp(ggufs[dtype], prompt_len, n, args.threads)
+            print(f"| {dtype}, llama.cpp in place of transformers | | {cpp_prompt:.0f} | {plain:.0f} "
+                  f"| {cpp_prompt / plain:.2f}x | {cpp_decode:.1f} | {hs_decode:.1f} | {cpp_decode / hs_decode:.2f}x | | |")
 
 
 def print_recurrent_scaling(args, model_dir, label, lengths):
