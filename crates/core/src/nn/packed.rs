@@ -7,10 +7,14 @@
 //! weight (burn's `gemm` repacks it on every call, a pass over the whole matrix), and a decode
 //! step streams each weight element exactly once, in memory order.
 //!
+//! Panels hold the weights in the load's precision ([`Element`]: f32, bf16 or f16); the kernels
+//! widen each panel row to f32 in registers and accumulate in f32, so every precision computes
+//! the same sums of the same (stored) weights.
+//!
 //! The inner kernel keeps an `R x PANEL` tile of outputs in registers (up to [`TILE_ROWS`] rows:
-//! 24 AVX-512 accumulators) and adds one rank-1 update per input index: two aligned panel loads,
-//! `R` broadcasts of the activations (packed per call into `[in, R]` strips), `2R` fused
-//! multiply-adds. Inputs are taken in blocks of [`DEPTH_BLOCK`] so that a panel's block stays in
+//! 24 AVX-512 accumulators) and adds one rank-1 update per input index: one panel row widened to
+//! two vectors, `R` broadcasts of the activations (packed per call into `[in, R]` strips), `2R`
+//! fused multiply-adds. Inputs are taken in blocks of [`DEPTH_BLOCK`] so that a panel's block stays in
 //! L1 while every row strip passes over it, and rows in blocks of [`ROW_BLOCK`] so that the
 //! strips stay in L2 while the panels pass. The output columns are split into several tasks per
 //! thread. AVX-512 kernels are picked at run time; elsewhere a portable kernel (AVX2 with FMA
