@@ -204,6 +204,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     report.insert("prompt_len".into(), json!(args.prompt_len));
     report.insert("new_tokens".into(), json!(args.new_tokens));
     report.insert("weight_bytes".into(), json!(model.weight_bytes()));
+    report.insert("dtype".into(), json!(model.dtype().to_string()));
     report.insert("copy_gb_per_s".into(), json!(copy_bandwidth_gb_per_s()));
     report.insert("read_gb_per_s".into(), json!(read_bandwidth_gb_per_s()));
     report.insert("f32_peak_gflops".into(), json!(f32_peak_gflops()));

@@ -128,6 +128,37 @@ mod tests {
         assert_eq!(WeightDtype::auto(&json!({}), None), WeightDtype::F32);
     }
 
+    /// Without a declared dtype, the type holding most of the checkpoint's bytes decides.
+    #[test]
+    fn auto_without_a_declared_dtype_reads_the_checkpoint() {
+        use safetensors::tensor::TensorView;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("model.safetensors");
+        let (small, large) = (vec![0u8; 4 * 3], vec![0u8; 2 * 10]);
+        let tensors = [
+            (
+                "norm",
+                TensorView::new(Dtype::F32, vec![3], &small).unwrap(),
+            ),
+            (
+                "matrix",
+                TensorView::new(Dtype::BF16, vec![2, 5], &large).unwrap(),
+            ),
+        ];
+        safetensors::serialize_to_file(tensors, None, &path).unwrap();
+        let checkpoint = Checkpoint::open_file(&path).unwrap();
+        assert_eq!(
+            WeightDtype::auto(&json!({}), Some(&checkpoint)),
+            WeightDtype::Bf16
+        );
+        assert_eq!(
+            WeightDtype::auto(&json!({"dtype": "float32"}), Some(&checkpoint)),
+            WeightDtype::F32,
+            "the config wins"
+        );
+        assert_eq!(checkpoint.bytes_as(WeightDtype::F16), 2 * 13);
+    }
+
     #[test]
     fn choices_parse_and_bad_ones_are_named() {
         assert_eq!(parse_dtype_choice("auto"), Ok(None));
