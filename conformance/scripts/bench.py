@@ -35,31 +35,46 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 TORCH_DTYPES = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+# Where transformers runs (`--torch-device`): the CPU, or a GPU for the `--gpu-models` table.
+TORCH_DEVICE = torch.device("cpu")
+
+
+def synchronize():
+    """Waits for the queued GPU work, so a timer stopped after it measures the work itself."""
+    if TORCH_DEVICE.type == "cuda":
+        torch.cuda.synchronize()
 
 
 def load_transformers(model_dir, dtype=None):
     """The model in `dtype` (a `--dtype` name), or in transformers' default (`auto`)."""
     kwargs = {} if dtype is None else {"dtype": TORCH_DTYPES[dtype]}
-    return AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager", **kwargs).eval()
+    model = AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager", **kwargs)
+    return model.to(TORCH_DEVICE).eval()
 
 
 def time_transformers_forward(model_dir, prompt_len, iters, warmup, dtype=None):
     model = load_transformers(model_dir, dtype)
     ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(TORCH_DEVICE)
     times = []
     with torch.no_grad():
         for i in range(warmup + iters):
+            synchronize()
             start = time.perf_counter()
             model(ids)
+            synchronize()
             if i >= warmup:
                 times.append((time.perf_counter() - start) * 1e3)
     return statistics.median(times)
 
 
-def time_hookscope(binary, model_dir, prompt_len, iters, warmup, threads, new_tokens=None, dtype=None):
+def time_hookscope(binary, model_dir, prompt_len, iters, warmup, threads, new_tokens=None, dtype=None,
+                   device=None):
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
     command = [binary, "bench", str(model_dir), "--prompt-len", str(prompt_len), "--iters", str(iters)]
     command += ["--warmup", str(warmup)]
+    if device is not None:
+        command += ["--device", device]
     if dtype is not None:
         command += ["--dtype", dtype]
     if new_tokens is not None:
@@ -108,10 +123,12 @@ def median_ms(run, iters, warmup):
 def time_transformers_generate(model_dir, prompt_len, new_tokens, iters, dtype=None):
     model = load_transformers(model_dir, dtype)
     ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
+    ids = ids.to(TORCH_DEVICE)
 
     def run(n):
         with torch.no_grad():
             model.generate(ids, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0)
+        synchronize()
 
     return {n: median_ms(lambda: run(n), iters, 1) for n in (1, new_tokens)}
 
@@ -160,6 +177,10 @@ def main():
     parser.add_argument("--mamba-model", type=Path, help="also time Mamba prompt calls of growing length")
     parser.add_argument("--mamba2-model", type=Path, help="also time Mamba-2 prompt calls and decode")
     parser.add_argument("--qwen3-next-model", type=Path, help="also time Qwen3-Next prompt calls and decode")
+    parser.add_argument("--gpu-models", type=Path, nargs="+", default=[],
+                        help="time these models on a GPU: hookscope on --device, transformers on --torch-device")
+    parser.add_argument("--device", default="vulkan", help="hookscope's --device for --gpu-models")
+    parser.add_argument("--torch-device", default="cuda", help="transformers' device for --gpu-models")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
@@ -177,6 +198,12 @@ def main():
     if args.qwen3_next_model:
         print_recurrent_scaling(args, args.qwen3_next_model, "Qwen3-Next", (64, 256, 1024))
         print_recurrent_decode(args, args.qwen3_next_model, "Qwen3-Next")
+    if args.gpu_models:
+        global TORCH_DEVICE
+        TORCH_DEVICE = torch.device(args.torch_device)
+        print(f"GPU: {torch.cuda.get_device_name(TORCH_DEVICE) if TORCH_DEVICE.type == 'cuda' else TORCH_DEVICE}")
+        for model_dir in args.gpu_models:
+            print_gpu_table(args, model_dir)
 
 
 def print_gpt2_tables(args):
@@ -296,6 +323,32 @@ def print_recurrent_decode(args, model_dir, label):
     for variant, name in (("no_hooks", "hookscope, no hooks"), ("save_every_site", "hookscope, every site saved")):
         ms = decode_ms({1: runs[0][variant]["median_ms"], n: runs[1][variant]["median_ms"]}, n)
         print(f"| {name} | {ms:.1f} | {hf / ms:.2f}x |")
+
+
+def print_gpu_table(args, model_dir):
+    """On a GPU, per precision: a prompt call of 512 tokens and greedy decode at batch 1 against
+    transformers (eager attention, the same dtype), and the cost of saving every site per step."""
+    prompt_len, n = 512, args.new_tokens
+    print(f"\n{model_dir.name} on the GPU: hookscope --device {args.device}, transformers on "
+          f"{args.torch_device}; prompt call of {prompt_len} tokens, greedy decode from a 10-token "
+          f"prompt ({n} new tokens)")
+    print("| weights | transformers prompt (ms) | hookscope prompt (ms) | prompt vs transformers "
+          "| transformers decode (ms/token) | hookscope decode (ms/token) | decode vs transformers "
+          "| every site saved per step vs unhooked |")
+    print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for dtype in args.dtypes:
+        hf_prompt = time_transformers_forward(model_dir, prompt_len, args.iters, args.warmup, dtype)
+        hf_decode = decode_ms(time_transformers_generate(model_dir, 10, n, args.generate_iters, dtype), n)
+        hs_prompt = time_hookscope(args.hookscope, model_dir, prompt_len, args.iters, args.warmup, args.threads,
+                                   dtype=dtype, device=args.device)
+        runs = [time_hookscope(args.hookscope, model_dir, 10, args.generate_iters, 1, args.threads, t, dtype,
+                               args.device) for t in (1, n)]
+        plain = hs_prompt["no_hooks"]["median_ms"]
+        hs_decode, hs_saved = (
+            decode_ms({1: runs[0][variant]["median_ms"], n: runs[1][variant]["median_ms"]}, n)
+            for variant in ("no_hooks", "save_every_site"))
+        print(f"| {dtype} | {hf_prompt:.1f} | {plain:.1f} | {hf_prompt / plain:.2f}x | {hf_decode:.2f} "
+              f"| {hs_decode:.2f} | {hf_decode / hs_decode:.2f}x | {hs_saved / hs_decode:.2f}x |", flush=True)
 
 
 if __name__ == "__main__":

@@ -11,8 +11,36 @@ pub mod suite;
 
 use std::path::{Path, PathBuf};
 
+use hookscope::DeviceChoice;
+use hookscope::burn::tensor::Device;
+
 /// The environment variable naming a folder of reference fixtures.
 pub const FIXTURES_ENV: &str = "HOOKSCOPE_FIXTURES";
+
+/// The environment variable naming the device the tests run on (`cpu` when unset), as
+/// `--device` spells it: CI runs the suite once more with `HOOKSCOPE_DEVICE=wgpu`.
+pub const DEVICE_ENV: &str = "HOOKSCOPE_DEVICE";
+
+/// The device [`DEVICE_ENV`] names, the CPU when unset; a bad name is an error saying why.
+pub fn device_from_env() -> Result<Device, String> {
+    let choice = match std::env::var(DEVICE_ENV) {
+        Ok(name) => name
+            .parse::<DeviceChoice>()
+            .map_err(|error| format!("{DEVICE_ENV}: {error}"))?,
+        Err(_) => DeviceChoice::Cpu,
+    };
+    choice
+        .open()
+        .map_err(|error| format!("{DEVICE_ENV}: {error}"))
+}
+
+/// The device the tests of this repository run on: [`device_from_env`].
+///
+/// # Panics
+/// When [`DEVICE_ENV`] names a device this build or machine lacks (a test set-up error).
+pub fn test_device() -> Device {
+    device_from_env().unwrap_or_else(|error| panic!("{error}"))
+}
 
 /// The committed fixtures of this repository (for its own tests, which run in the source tree).
 pub fn fixtures_dir() -> PathBuf {

@@ -3,6 +3,7 @@
 
 use std::path::Path;
 
+use hookscope::burn::tensor::Device;
 use hookscope::hooks::Action;
 use hookscope::hooks::Write;
 use hookscope::{
@@ -129,12 +130,9 @@ impl Comparison<'_> {
     }
 }
 
-fn load(dir: &Path) -> Result<(Reference, Model), ParityError> {
+fn load(dir: &Path, device: &Device) -> Result<(Reference, Model), ParityError> {
     let reference = Reference::open(dir)?;
-    let model = Model::load(
-        &ModelSource::Directory(dir.to_path_buf()),
-        &Default::default(),
-    )?;
+    let model = Model::load(&ModelSource::Directory(dir.to_path_buf()), device)?;
     Ok((reference, model))
 }
 
@@ -144,17 +142,18 @@ fn save(sites: &[Site], steps: Steps) -> Interventions {
     })
 }
 
-/// Traces every prompt of the fixture in `dir` saving the sites `select` picks, and compares
-/// each with the reference's step-0 value within `tolerance` (absolute).
+/// Traces every prompt of the fixture in `dir` on `device` saving the sites `select` picks, and
+/// compares each with the reference's step-0 value within `tolerance` (absolute).
 ///
 /// Saving fewer sites exercises the unobserved fast paths (e.g. fused attention when no scores
 /// or probabilities are read); every path must give the same numbers.
 pub fn check_prompt_call(
     dir: &Path,
+    device: &Device,
     tolerance: f64,
     select: impl Fn(&Site) -> bool,
 ) -> Result<ParityReport, ParityError> {
-    let (reference, model) = load(dir)?;
+    let (reference, model) = load(dir, device)?;
     let sites: Vec<Site> = model
         .layout()
         .call_order()
@@ -175,11 +174,15 @@ pub fn check_prompt_call(
     Ok(comparison.report)
 }
 
-/// Generates greedily from every prompt of the fixture saving every site at every step, and
+/// Generates greedily on `device` from every prompt of the fixture saving every site at every step, and
 /// compares the tokens and every step's values with `transformers`' cached generation; then
 /// repeats the reference's intervention run (a site zeroed at one step) and compares that too.
-pub fn check_generation(dir: &Path, tolerance: f64) -> Result<ParityReport, ParityError> {
-    let (reference, model) = load(dir)?;
+pub fn check_generation(
+    dir: &Path,
+    device: &Device,
+    tolerance: f64,
+) -> Result<ParityReport, ParityError> {
+    let (reference, model) = load(dir, device)?;
     let sites = model.layout().call_order();
     let mut config = model.generation_config().clone();
     config.decoding = Decoding::Greedy;

@@ -55,16 +55,17 @@ impl ArchReport {
 type CheckResult = Result<Option<()>, String>;
 
 /// Runs every check against every registered architecture (built-in, linked or plugin);
-/// parity against the fixtures in `fixtures`, skipped when there is no such folder.
-pub fn run_all(fixtures: Option<&Path>) -> Vec<ArchReport> {
+/// parity against the fixtures in `fixtures`, skipped when there is no such folder. Every model
+/// runs on `device`.
+pub fn run_all(fixtures: Option<&Path>, device: &Device) -> Vec<ArchReport> {
     hookscope::registry::registered()
         .into_iter()
-        .map(|arch| run(arch, fixtures))
+        .map(|arch| run(arch, fixtures, device))
         .collect()
 }
 
-/// Runs every check against one architecture.
-pub fn run(arch: &'static Architecture, fixtures: Option<&Path>) -> ArchReport {
+/// Runs every check against one architecture on `device`.
+pub fn run(arch: &'static Architecture, fixtures: Option<&Path>, device: &Device) -> ArchReport {
     let mut checks = Vec::new();
     let mut record = |check: &'static str, result: CheckResult| {
         let (status, detail) = match result {
@@ -78,7 +79,7 @@ pub fn run(arch: &'static Architecture, fixtures: Option<&Path>) -> ArchReport {
             detail,
         });
     };
-    match Subject::new(arch) {
+    match Subject::new(arch, device) {
         Err(error) => record("loads", Err(error)),
         Ok(subject) => {
             record("loads", Ok(Some(())));
@@ -95,7 +96,7 @@ pub fn run(arch: &'static Architecture, fixtures: Option<&Path>) -> ArchReport {
         }
     }
     match fixtures {
-        Some(fixtures) => record("transformers parity", parity(arch, fixtures)),
+        Some(fixtures) => record("transformers parity", parity(arch, fixtures, device)),
         None => checks.push(CheckOutcome {
             check: "transformers parity",
             status: "skipped",
@@ -183,8 +184,8 @@ fn save_all(model: &Model) -> Interventions {
 }
 
 impl Subject {
-    fn new(arch: &'static Architecture) -> Result<Subject, String> {
-        let model = Model::random(arch, SEED, &Device::default()).map_err(error)?;
+    fn new(arch: &'static Architecture, device: &Device) -> Result<Subject, String> {
+        let model = Model::random(arch, SEED, device).map_err(error)?;
         let vocab = model.layout().vocab as u32;
         let prompts = vec![
             (0..6).map(|i| (i * 7 + 3) % vocab).collect(),
@@ -558,7 +559,7 @@ impl Subject {
 
 /// Parity with `transformers` on every fixture in `fixtures` whose `model_type` this
 /// architecture serves; not applicable where there is none.
-fn parity(arch: &'static Architecture, fixtures: &Path) -> CheckResult {
+fn parity(arch: &'static Architecture, fixtures: &Path, device: &Device) -> CheckResult {
     let entries = std::fs::read_dir(fixtures)
         .map_err(|e| format!("cannot read fixtures folder {}: {e}", fixtures.display()))?;
     let mut dirs: Vec<_> = entries
@@ -582,8 +583,8 @@ fn parity(arch: &'static Architecture, fixtures: &Path) -> CheckResult {
             .map(|n| n.to_string_lossy().into_owned())
             .unwrap_or_default();
         for report in [
-            check_prompt_call(&dir, f64::from(TOLERANCE), all_sites),
-            check_generation(&dir, f64::from(TOLERANCE)),
+            check_prompt_call(&dir, device, f64::from(TOLERANCE), all_sites),
+            check_generation(&dir, device, f64::from(TOLERANCE)),
         ] {
             let report = report.map_err(|e| format!("{name}: {e}"))?;
             if let Some(first) = report.mismatches.first() {

@@ -5,7 +5,6 @@
 mod common;
 
 use common::{load_fixture, max_diff, values};
-use hookscope::burn::tensor::Device;
 use hookscope::{Decoding, Interventions, LayerSite, MixerKind, MixerSite, Model, Site, Steps};
 
 fn linear(layer: usize, site: MixerSite) -> Site {
@@ -65,7 +64,8 @@ fn run_three_tokens(model: &Model) -> Vec<usize> {
 
 #[test]
 fn released_configs_load_and_run() {
-    let next = Model::random_from_config(QWEN3_NEXT_80B, 5, &Device::default()).unwrap();
+    let next = Model::random_from_config(QWEN3_NEXT_80B, 5, &hookscope_conformance::test_device())
+        .unwrap();
     let kinds: Vec<bool> = next
         .layout()
         .layers
@@ -75,7 +75,8 @@ fn released_configs_load_and_run() {
     assert_eq!(kinds, [false, false, false, true]);
     assert_eq!(run_three_tokens(&next), [1, 32, 128, 128]);
 
-    let small = Model::random_from_config(QWEN3_5_0_8B, 5, &Device::default()).unwrap();
+    let small =
+        Model::random_from_config(QWEN3_5_0_8B, 5, &hookscope_conformance::test_device()).unwrap();
     assert_eq!(small.architecture().name, "qwen3_5");
     assert!(
         small
@@ -196,6 +197,7 @@ fn fused_expert_tensors_load_like_per_expert_ones() {
     );
     let report = hookscope_conformance::parity::check_prompt_call(
         dir.path(),
+        &hookscope_conformance::test_device(),
         1e-4,
         hookscope_conformance::parity::all_sites,
     )

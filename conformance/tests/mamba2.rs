@@ -4,7 +4,6 @@
 mod common;
 
 use common::load_fixture;
-use hookscope::burn::tensor::Device;
 use hookscope::{Error, Interventions, LayerSite, MixerKind, MixerSite, Model, Site, Steps};
 
 /// `config.json` of `mamba2-130m` converted to transformers' format, as older transformers
@@ -44,7 +43,8 @@ fn state_site(layer: usize, site: MixerSite) -> Site {
 /// Loads `config` with random weights, runs a 3-token trace, and returns the model and the
 /// shapes of layer 0's state and head outputs.
 fn trace_shapes(config: &str) -> (Model, Vec<usize>, Vec<usize>) {
-    let model = Model::random_from_config(config, 3, &Device::default()).unwrap();
+    let model =
+        Model::random_from_config(config, 3, &hookscope_conformance::test_device()).unwrap();
     let state = state_site(0, MixerSite::StateOutput);
     let heads = state_site(0, MixerSite::AttentionHeadOutputs);
     let reads = Interventions::new()
@@ -79,11 +79,13 @@ fn released_mamba2_configs_load_and_run() {
 #[test]
 fn inconsistent_mamba2_sizes_are_refused_with_the_reason() {
     let wrong = MAMBA2_130M.replace(r#""num_heads": 24"#, r#""num_heads": 20"#);
-    let error = Model::random_from_config(&wrong, 3, &Device::default()).unwrap_err();
+    let error =
+        Model::random_from_config(&wrong, 3, &hookscope_conformance::test_device()).unwrap_err();
     assert!(matches!(error, Error::UnsupportedConfig { .. }), "{error}");
     assert!(error.to_string().contains("heads 20"), "{error}");
     let groups = MAMBA2_130M.replace(r#""n_groups": 1"#, r#""n_groups": 5"#);
-    let error = Model::random_from_config(&groups, 3, &Device::default()).unwrap_err();
+    let error =
+        Model::random_from_config(&groups, 3, &hookscope_conformance::test_device()).unwrap_err();
     assert!(error.to_string().contains("5 groups"), "{error}");
 }
 

@@ -1,15 +1,21 @@
 //! hookscope against `transformers` on the committed fixtures: every site at the prompt call.
 
-use hookscope_conformance::fixtures_dir;
 use hookscope_conformance::parity::{
     all_sites, check_generation, check_prompt_call, without_attention_pattern,
 };
+use hookscope_conformance::{fixtures_dir, test_device};
 
 const TOLERANCE: f64 = 1e-4;
 
 /// Every site matches; only `unreferenced` sites lack a reference value.
 fn assert_parity(fixture: &str, unreferenced: &[&str]) {
-    let report = check_prompt_call(&fixtures_dir().join(fixture), TOLERANCE, all_sites).unwrap();
+    let report = check_prompt_call(
+        &fixtures_dir().join(fixture),
+        &test_device(),
+        TOLERANCE,
+        all_sites,
+    )
+    .unwrap();
     assert!(
         report.mismatches.is_empty(),
         "{fixture}: {} mismatches:\n{}",
@@ -41,6 +47,7 @@ fn fused_attention_path_gives_the_same_numbers() {
     // No scores or probabilities observed: attention runs burn's fused kernel.
     let report = check_prompt_call(
         &fixtures_dir().join("gpt2-tied"),
+        &test_device(),
         TOLERANCE,
         without_attention_pattern,
     )
@@ -65,7 +72,8 @@ fn fused_attention_path_gives_the_same_numbers() {
 }
 
 fn assert_generation_parity(fixture: &str, unreferenced: impl Fn(&str) -> bool) {
-    let report = check_generation(&fixtures_dir().join(fixture), TOLERANCE).unwrap();
+    let report =
+        check_generation(&fixtures_dir().join(fixture), &test_device(), TOLERANCE).unwrap();
     assert!(
         report.mismatches.is_empty(),
         "{fixture}: {} mismatches:\n{}",

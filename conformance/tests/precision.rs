@@ -7,7 +7,6 @@ mod common;
 use std::path::Path;
 
 use common::{RawTensors, max_diff, read_tensors, values, write_tensors};
-use hookscope::burn::tensor::Device;
 use hookscope::{Decoding, Interventions, LoadOptions, Model, ModelSource, Steps, WeightDtype};
 use hookscope_conformance::fixtures_dir;
 use hookscope_conformance::reference::Reference;
@@ -22,7 +21,7 @@ fn load(dir: &Path, dtype: WeightDtype) -> Model {
     let options = LoadOptions { dtype: Some(dtype) };
     Model::load_with(
         &ModelSource::Directory(dir.to_path_buf()),
-        &Device::default(),
+        &hookscope_conformance::test_device(),
         options,
     )
     .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))

@@ -6,13 +6,13 @@ use hookscope::{
     ArchConfig, Architecture, BUILTIN, Call, CausalLm, ModelLayout, Result, WeightLoader,
 };
 use hookscope_arch_gpt2::Gpt2;
-use hookscope_conformance::fixtures_dir;
 use hookscope_conformance::suite::{run, run_all, table};
+use hookscope_conformance::{fixtures_dir, test_device};
 
 #[test]
 fn every_registered_adapter_is_checked_and_every_builtin_passes_with_parity() {
     let fixtures = fixtures_dir();
-    let reports = run_all(Some(&fixtures));
+    let reports = run_all(Some(&fixtures), &test_device());
     let checked: Vec<&str> = reports.iter().map(|r| r.arch).collect();
     let registered: Vec<&str> = registry::registered().iter().map(|a| a.name).collect();
     assert_eq!(
@@ -43,7 +43,7 @@ fn every_registered_adapter_is_checked_and_every_builtin_passes_with_parity() {
 
 #[test]
 fn without_fixtures_parity_is_reported_skipped_not_passed() {
-    let report = run(BUILTIN[0], None);
+    let report = run(BUILTIN[0], None, &test_device());
     let parity = report
         .checks
         .iter()
@@ -106,7 +106,7 @@ fn a_misdeclared_adapter_fails_with_the_first_difference() {
         .into_iter()
         .find(|a| a.name == "misdeclared")
         .unwrap();
-    let report = run(arch, Some(&fixtures_dir()));
+    let report = run(arch, Some(&fixtures_dir()), &test_device());
     assert!(!report.passed());
     let status = |name: &str| {
         let check = report.checks.iter().find(|c| c.check == name).unwrap();

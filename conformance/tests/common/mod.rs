@@ -5,7 +5,6 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use hookscope::burn::tensor::Device;
 use hookscope::{Model, ModelSource};
 use hookscope_conformance::fixtures_dir;
 use safetensors::SafeTensors;
@@ -25,7 +24,7 @@ pub fn copy_fixture(name: &str) -> tempfile::TempDir {
 pub fn load(dir: &Path) -> hookscope::Result<Model> {
     Model::load(
         &ModelSource::Directory(dir.to_path_buf()),
-        &Device::default(),
+        &hookscope_conformance::test_device(),
     )
 }
 

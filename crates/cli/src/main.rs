@@ -82,7 +82,13 @@ enum Command {
         /// the folder HOOKSCOPE_FIXTURES names; without either, parity is skipped and says so).
         #[arg(long, value_name = "DIR")]
         fixtures: Option<PathBuf>,
+        /// The device every model of the suite runs on (see `hookscope devices`).
+        #[arg(long, default_value = "cpu", value_parser = model_arg::parse_device)]
+        device: hookscope::DeviceChoice,
     },
+    /// List the backends this build has (and the features that add the others) and the devices
+    /// each finds on this machine.
+    Devices,
 }
 
 fn main() -> ExitCode {
@@ -112,7 +118,17 @@ fn main() -> ExitCode {
             Ok(ExitCode::SUCCESS)
         }
         Command::Bench(args) => bench::bench(&args).map(|()| ExitCode::SUCCESS),
-        Command::Conformance { json, fixtures } => Ok(conformance(json, fixtures.as_deref())),
+        Command::Conformance {
+            json,
+            fixtures,
+            device,
+        } => device
+            .open()
+            .map(|device| conformance(json, fixtures.as_deref(), &device)),
+        Command::Devices => {
+            devices();
+            Ok(ExitCode::SUCCESS)
+        }
     };
     result.unwrap_or_else(|error| {
         eprintln!("error: {error}");
@@ -121,7 +137,11 @@ fn main() -> ExitCode {
 }
 
 /// Runs the suite over every registered architecture; failure if any check fails.
-fn conformance(json: bool, fixtures: Option<&std::path::Path>) -> ExitCode {
+fn conformance(
+    json: bool,
+    fixtures: Option<&std::path::Path>,
+    device: &hookscope::burn::tensor::Device,
+) -> ExitCode {
     let fixtures = match hookscope_conformance::locate_fixtures(fixtures) {
         Ok(fixtures) => fixtures,
         Err(message) => {
@@ -129,7 +149,7 @@ fn conformance(json: bool, fixtures: Option<&std::path::Path>) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let reports = hookscope_conformance::suite::run_all(fixtures.as_deref());
+    let reports = hookscope_conformance::suite::run_all(fixtures.as_deref(), device);
     if json {
         println!(
             "{}",
@@ -159,5 +179,42 @@ fn archs() {
             arch.model_types.join(", "),
             arch.architectures.join(", ")
         );
+    }
+}
+
+/// Every backend hookscope knows: the devices this machine has for each one built in, and the
+/// feature that builds the others.
+fn devices() {
+    for backend in hookscope::device::backends() {
+        if !backend.built {
+            println!(
+                "{:<8} not in this build (cargo build --release -p hookscope-cli --features {})",
+                backend.name, backend.feature
+            );
+            continue;
+        }
+        let choice: hookscope::DeviceChoice = match backend.name.parse() {
+            Ok(choice) => choice,
+            Err(error) => {
+                println!("{:<8} {error}", backend.name);
+                continue;
+            }
+        };
+        let found = choice.enumerate();
+        if found.is_empty() {
+            println!(
+                "{:<8} built, but this machine has no such device",
+                backend.name
+            );
+        }
+        for (index, device) in found.iter().enumerate() {
+            let name = match choice {
+                hookscope::DeviceChoice::Cpu | hookscope::DeviceChoice::Ndarray => {
+                    backend.name.to_string()
+                }
+                _ => format!("{}:{index}", backend.name),
+            };
+            println!("{name:<8} {}", hookscope::device::describe(device));
+        }
     }
 }

@@ -15,6 +15,15 @@ pub struct ModelArg {
     /// the config's `dtype`, else the checkpoint's own, as in transformers.
     #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
     dtype: DtypeArg,
+    /// Where the model runs: cpu, wgpu[:N], vulkan[:N], cuda[:N] or ndarray, among the backends
+    /// this build has (`hookscope devices` lists them).
+    #[arg(long, default_value = "cpu", value_parser = parse_device)]
+    device: DeviceChoice,
+}
+
+/// `--device`, parsed by the library so the CLI and Python say the same thing.
+pub fn parse_device(text: &str) -> std::result::Result<DeviceChoice, String> {
+    text.parse().map_err(|error: Error| error.to_string())
 }
 
 /// The `--dtype` choices.
@@ -49,13 +58,13 @@ impl ModelArg {
             .unwrap_or_else(|| "<embedded default>".to_string())
     }
 
-    /// Loads the model on the default device, printing what the adapter noted about the load.
+    /// Loads the model on the chosen device, printing what the adapter noted about the load.
     pub fn load(&self) -> Result<Model> {
         let source = match &self.model {
             Some(spec) => ModelSource::resolve(spec)?,
             None => hookscope::default_model(),
         };
-        let model = Model::load_with(&source, &Device::default(), self.dtype.options())?;
+        let model = Model::load_with(&source, &self.device.open()?, self.dtype.options())?;
         for note in &model.load_report().notes {
             eprintln!("note: {note}");
         }

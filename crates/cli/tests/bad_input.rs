@@ -423,3 +423,35 @@ fn steps_lost_to_an_early_eos_are_named() {
         "{stderr}"
     );
 }
+
+/// A device this build lacks names the feature that builds it; `hookscope devices` says the
+/// same for every backend, and lists the CPU.
+#[test]
+fn a_device_the_build_lacks_names_its_feature() {
+    fails_naming(
+        &["run", "--device", "cuda:1", "--prompt", "A"],
+        &["device `cuda:1`", "--features cuda", "hookscope devices"],
+    );
+    fails_naming(
+        &["sites", "--device", "ndarray"],
+        &["device `ndarray`", "--features ndarray"],
+    );
+    let output = Command::new(env!("CARGO_BIN_EXE_hookscope"))
+        .arg("devices")
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(output.status.success(), "{stdout}");
+    assert!(stdout.starts_with("cpu "), "{stdout}");
+    assert!(stdout.contains("--features cuda"), "{stdout}");
+    let output = Command::new(env!("CARGO_BIN_EXE_hookscope"))
+        .args(["run", "--device", "tpu", "--prompt", "A"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        !output.status.success() && !stderr.contains("panicked"),
+        "{stderr}"
+    );
+    assert!(stderr.contains("expected cpu, wgpu[:N]"), "{stderr}");
+}

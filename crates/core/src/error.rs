@@ -271,6 +271,14 @@ pub enum Error {
     /// A tensor operation failed on the device.
     #[error("tensor backend: {0}")]
     Backend(String),
+    /// A device the user named cannot be used (unknown, not built, not on this machine).
+    #[error("device `{device}`: {reason}")]
+    Device {
+        /// The device as the user wrote it.
+        device: String,
+        /// What is wrong and how to fix it.
+        reason: String,
+    },
 }
 
 /// `` `key`: `` before a config error, nothing for the whole file (`.`).

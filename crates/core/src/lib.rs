@@ -13,6 +13,7 @@ pub mod analysis;
 pub mod cache;
 pub mod call;
 pub mod decoding;
+pub mod device;
 pub mod error;
 pub mod extract;
 pub mod generate;
@@ -31,6 +32,7 @@ pub mod tokenizer;
 pub use adapter::{Architecture, CausalLm};
 pub use call::Call;
 pub use decoding::{Decoding, GenerationConfig};
+pub use device::DeviceChoice;
 pub use error::{Error, Result};
 pub use generate::Generation;
 pub use hooks::{Interventions, Observer, Saved, SiteValue, Steps};
@@ -48,7 +50,7 @@ pub use inventory;
 pub mod prelude {
     pub use crate::burn::tensor::Device;
     pub use crate::{
-        Batch, Decoding, Error, Generation, GenerationConfig, Interventions, LayerSite, MixerSite,
-        Model, ModelSource, Result, Saved, Site, SiteValue, Steps, Trace,
+        Batch, Decoding, DeviceChoice, Error, Generation, GenerationConfig, Interventions,
+        LayerSite, MixerSite, Model, ModelSource, Result, Saved, Site, SiteValue, Steps, Trace,
     };
 }

@@ -1,9 +1,11 @@
 use hookscope::prelude::*;
 
 fn main() -> hookscope::Result<()> {
+    // The CPU; `"vulkan:0".parse::<DeviceChoice>()?.open()?` in a build with that feature.
+    let device = DeviceChoice::Cpu.open()?;
     // The embedded tiny GPT-2; a local Hugging Face directory or a hub id loads the same way:
-    // `Model::load(&ModelSource::resolve("path/to/gpt2")?, &Device::default())?`.
-    let model = Model::load(&hookscope::default_model(), &Device::default())?;
+    // `Model::load(&ModelSource::resolve("path/to/gpt2")?, &device)?`.
+    let model = Model::load(&hookscope::default_model(), &device)?;
     let batch = model.encode(&["The Eiffel Tower is in the city of"])?;
     let keys = model
         .layout()

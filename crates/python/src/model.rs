@@ -1,12 +1,12 @@
 //! `hookscope.Model`: loading, the site table, traces and generation.
 
-use hookscope::burn::tensor::Device;
 use hookscope::decoding::DecodingChoice;
 use hookscope::hooks::RequestSpecs;
 use hookscope::loading::parse_dtype_choice;
 use hookscope::schema::CallDims;
 use hookscope::{
-    Batch, Decoding, Generation, Interventions, LoadOptions, Model, ModelSource, Steps, WeightDtype,
+    Batch, Decoding, DeviceChoice, Generation, Interventions, LoadOptions, Model, ModelSource,
+    Steps, WeightDtype,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -158,7 +158,8 @@ impl PyModel {
     /// Loads `model`: a local Hugging Face directory, a hub id, or None for the embedded
     /// default model. `dtype`: the precision weights are stored in, "auto" (None: the config's
     /// `dtype`, else the checkpoint's), "float32", "bfloat16" or "float16" (also `f32`, `bf16`,
-    /// `f16`, or a torch dtype's name). `device` takes only "cpu" in this build.
+    /// `f16`, or a torch dtype's name). `device`: "cpu" (None), or "wgpu[:N]", "vulkan[:N]",
+    /// "cuda[:N]", "ndarray" where the package was built with that backend's feature.
     #[new]
     #[pyo3(signature = (model = None, *, dtype = None, device = None))]
     fn new(
@@ -172,17 +173,19 @@ impl PyModel {
                 .map_err(|reason| InputError::new_err(format!("dtype={dtype:?}: {reason}")))?,
             None => None,
         };
-        if let Some(device) = device.filter(|d| d != "cpu") {
-            return Err(InputError::new_err(format!(
-                "device={device:?}: this build runs on the CPU only"
-            )));
-        }
+        let device = match device {
+            Some(name) => name
+                .parse::<DeviceChoice>()
+                .and_then(|choice| choice.open())
+                .map_err(|error| InputError::new_err(format!("device={name:?}: {error}")))?,
+            None => DeviceChoice::Cpu.open().py()?,
+        };
         let source = match model {
             Some(spec) => ModelSource::resolve(&spec).py()?,
             None => hookscope::default_model(),
         };
         let model = py
-            .detach(|| Model::load_with(&source, &Device::default(), LoadOptions { dtype }))
+            .detach(|| Model::load_with(&source, &device, LoadOptions { dtype }))
             .py()?;
         Ok(PyModel {
             model: Box::new(model),

@@ -109,6 +109,11 @@ def test_errors_are_exceptions_with_the_clis_messages(default):
         hookscope.Model("/nonexistent/model")
     with pytest.raises(hookscope.InputError, match="`int8` is not a weight dtype"):
         hookscope.Model(dtype="int8")
+    with pytest.raises(hookscope.InputError, match="--features cuda"):
+        hookscope.Model(device="cuda:0")
+    with pytest.raises(hookscope.InputError, match="expected cpu, wgpu"):
+        hookscope.Model(device="tpu")
+    assert hookscope.Model(device="cpu", dtype="float32").dtype == "float32"
     assert issubclass(hookscope.SiteError, hookscope.Error)
 
 

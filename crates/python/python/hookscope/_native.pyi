@@ -47,7 +47,9 @@ class Model:
         `dtype` is the precision the weights are stored in: "auto" (or None: the config's
         `dtype`, else the checkpoint's, as transformers does), "float32", "bfloat16" or
         "float16" (also "f32", "bf16", "f16"). Products accumulate in float32 and saved values
-        are float32 whatever the storage. `device` accepts only "cpu" in this build."""
+        are float32 whatever the storage. `device`: "cpu" (None), or "wgpu[:N]", "vulkan[:N]",
+        "cuda[:N]", "ndarray" where the package was built with that backend's feature; a
+        device the build or machine lacks raises InputError saying which feature to enable."""
 
     @property
     def dtype(self) -> str:
