@@ -185,35 +185,20 @@ fn archs() {
 /// Every backend hookscope knows: the devices this machine has for each one built in, and the
 /// feature that builds the others.
 fn devices() {
-    for backend in hookscope::device::backends() {
-        if !backend.built {
+    for choice in hookscope::DeviceChoice::ALL {
+        let backend = choice.backend();
+        if !choice.is_built() {
             println!(
-                "{:<8} not in this build (cargo build --release -p hookscope-cli --features {})",
-                backend.name, backend.feature
+                "{backend:<8} not in this build (cargo build --release -p hookscope-cli --features {backend})"
             );
             continue;
         }
-        let choice: hookscope::DeviceChoice = match backend.name.parse() {
-            Ok(choice) => choice,
-            Err(error) => {
-                println!("{:<8} {error}", backend.name);
-                continue;
-            }
-        };
         let found = choice.enumerate();
         if found.is_empty() {
-            println!(
-                "{:<8} built, but this machine has no such device",
-                backend.name
-            );
+            println!("{backend:<8} built, but this machine has no such device");
         }
         for (index, device) in found.iter().enumerate() {
-            let name = match choice {
-                hookscope::DeviceChoice::Cpu | hookscope::DeviceChoice::Ndarray => {
-                    backend.name.to_string()
-                }
-                _ => format!("{}:{index}", backend.name),
-            };
+            let name = choice.numbered(index).to_string();
             println!("{name:<8} {}", hookscope::device::describe(device));
         }
     }

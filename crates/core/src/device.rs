@@ -29,17 +29,19 @@ pub enum DeviceChoice {
     Ndarray,
 }
 
-/// The backends a build can hold, the cargo feature each needs, and whether this build has it.
-const BACKENDS: [(&str, &str, bool); 5] = [
-    ("cpu", "(always built)", true),
-    ("wgpu", "wgpu", cfg!(feature = "wgpu")),
-    ("vulkan", "vulkan", cfg!(feature = "vulkan")),
-    ("cuda", "cuda", cfg!(feature = "cuda")),
-    ("ndarray", "ndarray", cfg!(feature = "ndarray")),
-];
-
 impl DeviceChoice {
-    /// The backend's name as written on the command line.
+    /// Every backend hookscope knows, built or not, each with its own default device, in the
+    /// order `hookscope devices` lists them.
+    pub const ALL: [DeviceChoice; 5] = [
+        DeviceChoice::Cpu,
+        DeviceChoice::Wgpu(None),
+        DeviceChoice::Vulkan(None),
+        DeviceChoice::Cuda(None),
+        DeviceChoice::Ndarray,
+    ];
+
+    /// The backend's name as written on the command line (and, but for `cpu`, the cargo
+    /// feature that builds it).
     pub fn backend(&self) -> &'static str {
         match self {
             DeviceChoice::Cpu => "cpu",
@@ -52,9 +54,23 @@ impl DeviceChoice {
 
     /// Whether this build compiled the backend in.
     pub fn is_built(&self) -> bool {
-        BACKENDS
-            .iter()
-            .any(|(name, _, built)| *name == self.backend() && *built)
+        match self {
+            DeviceChoice::Cpu => true,
+            DeviceChoice::Wgpu(_) => cfg!(feature = "wgpu"),
+            DeviceChoice::Vulkan(_) => cfg!(feature = "vulkan"),
+            DeviceChoice::Cuda(_) => cfg!(feature = "cuda"),
+            DeviceChoice::Ndarray => cfg!(feature = "ndarray"),
+        }
+    }
+
+    /// Device `index` of the same backend (the CPU backends have one device: unchanged).
+    pub fn numbered(self, index: usize) -> DeviceChoice {
+        match self {
+            DeviceChoice::Wgpu(_) => DeviceChoice::Wgpu(Some(index)),
+            DeviceChoice::Vulkan(_) => DeviceChoice::Vulkan(Some(index)),
+            DeviceChoice::Cuda(_) => DeviceChoice::Cuda(Some(index)),
+            DeviceChoice::Cpu | DeviceChoice::Ndarray => self,
+        }
     }
 
     /// The device, checked: an error names the cargo feature a missing backend needs, says
@@ -203,30 +219,6 @@ impl FromStr for DeviceChoice {
     }
 }
 
-/// One backend of [`backends`]: its name, whether this build has it, and the feature that
-/// builds it.
-#[derive(Clone, Debug)]
-pub struct BackendInfo {
-    /// The backend's name on the command line.
-    pub name: &'static str,
-    /// The cargo feature that compiles it in.
-    pub feature: &'static str,
-    /// Whether this build has it.
-    pub built: bool,
-}
-
-/// Every backend hookscope knows, built or not, in the order `hookscope devices` lists them.
-pub fn backends() -> Vec<BackendInfo> {
-    BACKENDS
-        .iter()
-        .map(|&(name, feature, built)| BackendInfo {
-            name,
-            feature,
-            built,
-        })
-        .collect()
-}
-
 /// A human name for `device`: the adapter's own name where the backend reports one (a GPU, or
 /// a software rasterizer such as lavapipe), else what the backend is.
 pub fn describe(device: &Device) -> String {
@@ -282,10 +274,8 @@ mod tests {
             let error = DeviceChoice::Cuda(None).open().unwrap_err().to_string();
             assert!(error.contains("--features cuda"), "{error}");
         }
-        assert!(
-            backends()
-                .iter()
-                .any(|backend| backend.name == "cpu" && backend.built)
-        );
+        assert!(DeviceChoice::Cpu.is_built());
+        assert_eq!(DeviceChoice::Cuda(None).numbered(2).to_string(), "cuda:2");
+        assert_eq!(DeviceChoice::Cpu.numbered(2), DeviceChoice::Cpu);
     }
 }
