@@ -12,7 +12,9 @@ use hookscope_conformance::{fixtures_dir, test_device};
 #[test]
 fn every_registered_adapter_is_checked_and_every_builtin_passes_with_parity() {
     let fixtures = fixtures_dir();
-    let reports = run_all(Some(&fixtures), &test_device());
+    let device = test_device();
+    println!("on {}", hookscope::device::describe(&device));
+    let reports = run_all(Some(&fixtures), &device);
     let checked: Vec<&str> = reports.iter().map(|r| r.arch).collect();
     let registered: Vec<&str> = registry::registered().iter().map(|a| a.name).collect();
     assert_eq!(

@@ -129,7 +129,10 @@ impl DeviceChoice {
             DeviceChoice::Vulkan(_) => Device::vulkan(burn::tensor::DeviceKind::DefaultDevice),
             #[cfg(feature = "cuda")]
             DeviceChoice::Cuda(_) => Device::cuda(0usize),
+            // burn 0.22 deprecates burn-ndarray in favour of flex (our `cpu`); it stays an
+            // opt-in second CPU backend, a cross-check of the model code on another backend.
             #[cfg(feature = "ndarray")]
+            #[allow(deprecated)]
             DeviceChoice::Ndarray => Device::ndarray(),
             #[allow(unreachable_patterns)]
             _ => unreachable!("`open` checks the backend is built"),
