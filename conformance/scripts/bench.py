@@ -17,6 +17,12 @@ cores; its sdist's `vendor/llama.cpp/convert_hf_to_gguf.py --outtype f32|bf16|f1
 
     python conformance/scripts/bench.py --precision-models bench-models/gpt2-small \
         --llama-cpp f32=gpt2-f32.gguf bf16=gpt2-bf16.gguf f16=gpt2-f16.gguf
+
+Decode as the key/value cache grows (prompts of each `--contexts` length), on the same shapes
+with 4096 positions:
+
+    python conformance/scripts/make_fixtures.py --bench-long-model bench-models/gpt2-small-4k
+    python conformance/scripts/bench.py --long-context-model bench-models/gpt2-small-4k
 """
 
 import argparse
@@ -69,7 +75,7 @@ def time_transformers_forward(model_dir, prompt_len, iters, warmup, dtype=None):
 
 
 def time_hookscope(binary, model_dir, prompt_len, iters, warmup, threads, new_tokens=None, dtype=None,
-                   device=None):
+                   device=None, unhooked_only=False):
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
     command = [binary, "bench", str(model_dir), "--prompt-len", str(prompt_len), "--iters", str(iters)]
     command += ["--warmup", str(warmup)]
@@ -79,6 +85,8 @@ def time_hookscope(binary, model_dir, prompt_len, iters, warmup, threads, new_to
         command += ["--dtype", dtype]
     if new_tokens is not None:
         command += ["--new-tokens", str(new_tokens)]
+    if unhooked_only:
+        command += ["--unhooked-only"]
     out = subprocess.run(command, check=True, capture_output=True, text=True, env=env)
     return json.loads(out.stdout)
 
@@ -174,6 +182,9 @@ def main():
     parser.add_argument("--dtypes", nargs="+", default=["f32", "bf16", "f16"], choices=sorted(TORCH_DTYPES))
     parser.add_argument("--llama-cpp", nargs="+", default=[], metavar="DTYPE=FILE.gguf",
                         help="GGUF conversions of the (one) --precision-models model, timed with llama-cpp-python")
+    parser.add_argument("--long-context-model", type=Path,
+                        help="a GPT-2-shaped model with room for --contexts (make_fixtures.py --bench-long-model)")
+    parser.add_argument("--contexts", type=int, nargs="+", default=[16, 1024, 2048])
     parser.add_argument("--mamba-model", type=Path, help="also time Mamba prompt calls of growing length")
     parser.add_argument("--mamba2-model", type=Path, help="also time Mamba-2 prompt calls and decode")
     parser.add_argument("--qwen3-next-model", type=Path, help="also time Qwen3-Next prompt calls and decode")
@@ -190,6 +201,8 @@ def main():
         print_gpt2_tables(args)
     for model_dir in args.precision_models:
         print_precision_table(args, model_dir)
+    if args.long_context_model:
+        print_long_context_table(args, args.long_context_model)
     if args.mamba_model:
         print_recurrent_scaling(args, args.mamba_model, "Mamba", (16, 64, 256))
     if args.mamba2_model:
@@ -290,6 +303,23 @@ def print_precision_table(args, model_dir):
             cpp_prompt, cpp_decode = time_llama_cpp(ggufs[dtype], prompt_len, n, args.threads)
             print(f"| {dtype}, llama.cpp in place of transformers | | {cpp_prompt:.0f} | {plain:.0f} "
                   f"| {cpp_prompt / plain:.2f}x | {cpp_decode:.1f} | {hs_decode:.1f} | {cpp_decode / hs_decode:.2f}x | | |")
+
+
+def print_long_context_table(args, model_dir):
+    """Greedy decode after prompts of growing length: what a step costs as the key/value cache
+    grows, against transformers (eager attention, its dynamic cache) in the same run."""
+    n = args.new_tokens
+    print(f"\n{model_dir.name}: greedy decode after a prompt of each length, {n} new tokens, ms/token")
+    print("| context | transformers | hookscope | hookscope vs transformers | hookscope vs its shortest context |")
+    print("| ---: | ---: | ---: | ---: | ---: |")
+    shortest = None
+    for context in args.contexts:
+        hf = decode_ms(time_transformers_generate(model_dir, context, n, args.generate_iters), n)
+        runs = [time_hookscope(args.hookscope, model_dir, context, args.generate_iters, 1, args.threads, t,
+                               unhooked_only=True) for t in (1, n)]
+        hs = decode_ms({1: runs[0]["no_hooks"]["median_ms"], n: runs[1]["no_hooks"]["median_ms"]}, n)
+        shortest = shortest or hs
+        print(f"| {context} | {hf:.1f} | {hs:.1f} | {hf / hs:.2f}x | {hs / shortest:.2f}x |")
 
 
 def print_recurrent_scaling(args, model_dir, label, lengths):

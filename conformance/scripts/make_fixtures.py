@@ -636,9 +636,9 @@ def make_bench_llama(directory, size):
     model.save_pretrained(Path(directory), safe_serialization=True)
 
 
-def make_bench_model(directory):
+def make_bench_model(directory, positions=1024):
     torch.manual_seed(0)
-    cfg = GPT2Config(n_embd=768, n_layer=12, n_head=12, vocab_size=50257, n_positions=1024)
+    cfg = GPT2Config(n_embd=768, n_layer=12, n_head=12, vocab_size=50257, n_positions=positions)
     model = GPT2LMHeadModel(cfg).eval()
     model.config._attn_implementation = "eager"
     directory = Path(directory)
@@ -656,6 +656,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--gpt2-bpe", type=Path, help="folder with GPT-2's encoder.json and vocab.bpe")
     parser.add_argument("--bench-model", type=Path, help="write a GPT-2-small-shaped random model here")
+    parser.add_argument("--bench-long-model", type=Path,
+                        help="write the GPT-2-small-shaped model with 4096 positions here (long-context decode)")
     parser.add_argument("--bench-mamba", type=Path, help="write a Mamba-130m-shaped random model here")
     parser.add_argument("--bench-mamba2", type=Path, help="write a Mamba-2-130m-shaped random model here")
     parser.add_argument("--bench-qwen3-next", type=Path, help="write a ~120M Qwen3-Next-shaped random model here")
@@ -664,7 +666,7 @@ def main():
     parser.add_argument("--only", nargs="+", choices=sorted(FAMILIES), help="make only these fixture families")
     args = parser.parse_args()
     torch.set_num_threads(min(4, os.cpu_count() or 1))
-    bench = (args.bench_model, args.bench_mamba, args.bench_mamba2, args.bench_qwen3_next, args.bench_llama_1b,
+    bench = (args.bench_model, args.bench_long_model, args.bench_mamba, args.bench_mamba2, args.bench_qwen3_next, args.bench_llama_1b,
              args.bench_llama_7b)
     if any(bench):
         if args.bench_llama_1b:
@@ -673,6 +675,8 @@ def main():
             make_bench_llama(args.bench_llama_7b, "7b")
         if args.bench_model:
             make_bench_model(args.bench_model)
+        if args.bench_long_model:
+            make_bench_model(args.bench_long_model, positions=4096)
         if args.bench_mamba:
             make_bench_mamba(args.bench_mamba)
         if args.bench_mamba2:

@@ -54,6 +54,23 @@ pub struct ParityReport {
     pub mismatches: Vec<String>,
 }
 
+impl ParityReport {
+    /// Adds `other`'s lines, each marked with `label` (what differed in the run it compared).
+    fn absorb(&mut self, other: ParityReport, label: &str) {
+        let marked = |lines: Vec<String>| {
+            lines
+                .into_iter()
+                .map(move |line| format!("{line} ({label})"))
+        };
+        self.matched.extend(marked(other.matched));
+        self.unreferenced.extend(marked(other.unreferenced));
+        self.mismatches.extend(marked(other.mismatches));
+    }
+}
+
+/// The sites of a generation run that saves only what the model outputs.
+const OUTPUTS: [Site; 2] = [Site::Logits, Site::NextTokenProbs];
+
 /// One fixture's comparison in progress: what is compared against what, and the report so far.
 struct Comparison<'a> {
     reference: &'a Reference,
@@ -198,10 +215,25 @@ pub fn check_generation(
     };
     let prompts = &reference.prompts.prompts;
     for (k, prompt) in prompts.iter().enumerate() {
-        let generation = model.generate(&model.batch(vec![prompt.clone()])?, &all, &config)?;
+        let batch = model.batch(vec![prompt.clone()])?;
+        let generation = model.generate(&batch, &all, &config)?;
         let prefix = format!("prompt{k}");
         comparison.compare_ids(&prefix, &generation.output_ids[0])?;
         comparison.compare_saved(&prefix, &generation.saved, generation.steps)?;
+        // With only the outputs saved no request reaches attention's interior, so the fused
+        // paths run (on the CPU a decode step reads the cache in place): the same tokens and
+        // distributions.
+        let generation = model.generate(&batch, &save(&OUTPUTS, Steps::All), &config)?;
+        let mut outputs_only = Comparison {
+            sites: &OUTPUTS,
+            report: ParityReport::default(),
+            ..comparison
+        };
+        outputs_only.compare_ids(&prefix, &generation.output_ids[0])?;
+        outputs_only.compare_saved(&prefix, &generation.saved, generation.steps)?;
+        comparison
+            .report
+            .absorb(outputs_only.report, "only the outputs saved");
     }
     let zero = &reference.prompts.zero;
     let mut edited = all.clone();

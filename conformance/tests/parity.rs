@@ -87,6 +87,13 @@ fn assert_generation_parity(fixture: &str, unreferenced: impl Fn(&str) -> bool) 
             .any(|key| key.ends_with("/output_ids"))
     );
     assert!(report.matched.iter().any(|key| key.starts_with("zero0/")));
+    // The run saving only the outputs (attention's fused paths) was compared too.
+    assert!(
+        report
+            .matched
+            .iter()
+            .any(|key| key.contains("/output_ids (only the outputs saved)"))
+    );
     let unexpected: Vec<&String> = report
         .unreferenced
         .iter()

@@ -27,6 +27,10 @@ pub struct BenchArgs {
     /// Time greedy generation of this many tokens instead of one forward call.
     #[arg(long)]
     new_tokens: Option<usize>,
+    /// Time only the run without hooks (long contexts, where saving every site at every step
+    /// would hold gigabytes of attention scores).
+    #[arg(long)]
+    unhooked_only: bool,
 }
 
 /// Buffer streamed by the bandwidth probes: larger than any cache.
@@ -156,7 +160,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             acc.save(site, steps.clone())
         });
     let middle_layer = Site::layer(model.layout().layers.len() / 2, LayerSite::LayerOutput);
-    let variants = [
+    let mut variants = vec![
         ("no_hooks", Interventions::new()),
         (
             "save_one_site",
@@ -164,6 +168,9 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         ),
         ("save_every_site", save_all),
     ];
+    if args.unhooked_only {
+        variants.truncate(1);
+    }
     let mut config = model.generation_config().clone();
     config.decoding = Decoding::Greedy;
     config.eos_token_ids.clear();

@@ -8,27 +8,80 @@ use crate::error::{Error, Result};
 use crate::schema::{MixerKind, ModelLayout};
 
 /// The keys and values an attention layer has seen so far, `[B, NKV, S, D]` each.
+///
+/// They are held in buffers with room for more positions (`[B, NKV, capacity, D]`, the capacity
+/// growing by half when full), so that a decode step writes its own keys and values in place instead
+/// of copying the whole cache: generating `n` tokens copies `O(n)` values, not `O(n²)`. What the
+/// attention layer (and a hook) sees is a view of the filled positions; a view that outlives its
+/// step (a saved site) keeps its values, because writing to shared storage copies it first.
 #[derive(Debug, Clone, Default)]
 pub struct KvCache {
-    entries: Option<(Tensor<4>, Tensor<4>)>,
+    buffers: Option<(Tensor<4>, Tensor<4>)>,
+    len: usize,
 }
 
+/// Positions a grown buffer has room for at least.
+const MIN_CAPACITY: usize = 64;
+
 impl KvCache {
-    /// The cache after appending this call's keys and values along the position axis.
-    pub fn appended(&self, keys: Tensor<4>, values: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
-        match &self.entries {
+    /// Appends this call's keys and values along the position axis and returns the whole
+    /// cache, `[B, NKV, S, D]` each (views of the buffers).
+    pub fn append(&mut self, keys: Tensor<4>, values: Tensor<4>) -> (Tensor<4>, Tensor<4>) {
+        let start = self.len;
+        let end = start + keys.dims()[2];
+        let (key_buffer, value_buffer) = match self.buffers.take() {
+            // The first call's keys and values are the cache; room is made when it grows.
             None => (keys, values),
-            Some((past_keys, past_values)) => (
-                Tensor::cat(vec![past_keys.clone(), keys], 2),
-                Tensor::cat(vec![past_values.clone(), values], 2),
-            ),
-        }
+            Some((key_buffer, value_buffer)) => {
+                let write = |buffer: Tensor<4>, new: Tensor<4>| {
+                    let [batch, heads, _, dim] = new.dims();
+                    grown(buffer, start, end)
+                        .slice_assign([0..batch, 0..heads, start..end, 0..dim], new)
+                };
+                (write(key_buffer, keys), write(value_buffer, values))
+            }
+        };
+        let filled = |buffer: &Tensor<4>| {
+            let [batch, heads, _, dim] = buffer.dims();
+            buffer.clone().slice([0..batch, 0..heads, 0..end, 0..dim])
+        };
+        let cache = (filled(&key_buffer), filled(&value_buffer));
+        self.buffers = Some((key_buffer, value_buffer));
+        self.len = end;
+        cache
     }
 
-    /// Replaces the cache contents (after hooks may have edited them).
+    /// Replaces the cache contents by `keys` and `values` `[B, NKV, S, D]` (after hooks edited
+    /// what [`KvCache::append`] returned).
     pub fn store(&mut self, keys: Tensor<4>, values: Tensor<4>) {
-        self.entries = Some((keys, values));
+        self.len = keys.dims()[2];
+        self.buffers = Some((keys, values));
     }
+
+    /// Positions held.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Whether no position is held yet.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+}
+
+/// `buffer` (`[B, NKV, capacity, D]`, its first `filled` positions in use) with room for `needed`
+/// positions: itself when it has it, else a buffer of half as much room again (at least
+/// [`MIN_CAPACITY`]: growth by a constant factor keeps the copying linear in the length) holding
+/// the same first positions.
+fn grown(buffer: Tensor<4>, filled: usize, needed: usize) -> Tensor<4> {
+    let [batch, heads, capacity, dim] = buffer.dims();
+    if needed <= capacity {
+        return buffer;
+    }
+    let room = needed.max(capacity + capacity / 2).max(MIN_CAPACITY);
+    let used = [0..batch, 0..heads, 0..filled, 0..dim];
+    Tensor::zeros([batch, heads, room, dim], &buffer.device())
+        .slice_assign(used.clone(), buffer.slice(used))
 }
 
 /// A recurrent mixer's carried state: its causal-convolution window and its state of rank `R`
@@ -156,6 +209,49 @@ impl ModelCache {
 mod tests {
     use super::*;
     use crate::schema::LayerSpec;
+
+    #[test]
+    fn appends_grow_the_buffers_by_a_factor_and_earlier_views_keep_their_values() {
+        let device = burn::tensor::Device::flex();
+        // Position p holds p + 1 in the keys and -(p + 1) in the values.
+        let ramp = |first: usize, positions: usize, sign: f32| {
+            let column: Vec<f32> = (first + 1..=first + positions)
+                .map(|p| sign * p as f32)
+                .collect();
+            Tensor::<1>::from_floats(column.as_slice(), &device)
+                .reshape([1, 1, positions, 1])
+                .expand([2, 3, positions, 4])
+        };
+        let mut cache = KvCache::default();
+        assert!(cache.is_empty());
+        let prompt = 5;
+        let (keys, values) = cache.append(ramp(0, prompt, 1.0), ramp(0, prompt, -1.0));
+        assert_eq!(keys.dims(), [2, 3, prompt, 4]);
+        let mut kept = Vec::new();
+        for step in 0..300 {
+            let position = prompt + step;
+            let (keys, values) = cache.append(ramp(position, 1, 1.0), ramp(position, 1, -1.0));
+            assert_eq!(keys.dims(), [2, 3, position + 1, 4]);
+            if step % 97 == 0 {
+                kept.push((keys, values));
+            }
+        }
+        assert_eq!(cache.len(), prompt + 300);
+        let capacity = cache.buffers.as_ref().unwrap().0.dims()[2];
+        assert!(
+            capacity >= cache.len() && capacity < 2 * cache.len(),
+            "{capacity}"
+        );
+        // Views taken at earlier steps (as a saved site holds them) are unchanged.
+        for (keys, values) in kept.into_iter().chain([(keys, values)]) {
+            let positions = keys.dims()[2];
+            keys.into_data()
+                .assert_eq(&ramp(0, positions, 1.0).into_data(), true);
+            values
+                .into_data()
+                .assert_eq(&ramp(0, positions, -1.0).into_data(), true);
+        }
+    }
 
     #[test]
     fn state_is_typed_by_the_declared_mixer() {

@@ -1,15 +1,16 @@
 //! Softmax attention with a key/value cache, grouped-query heads and all six interior sites.
 //!
-//! Two paths give the same numbers: burn's fused `attention` when no request reads or writes the
-//! scores or probabilities (they are then not served at all: interior sites nobody observes may
-//! be computed by a fused kernel), and an explicit one (scores, mask, softmax, weighted values)
-//! otherwise.
+//! Three paths give the same numbers: when no request reads or writes the scores or
+//! probabilities (they are then not served at all: interior sites nobody observes may be computed
+//! by a fused kernel), a decode step on the CPU reads the cache in place
+//! ([`decode_attention`]) and other calls use burn's fused `attention`; otherwise an explicit one
+//! (scores, mask, softmax, weighted values).
 
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Tensor, activation};
 
-use super::{Linear, RmsNorm, Rotary};
+use super::{Linear, RmsNorm, Rotary, decode_attention};
 use crate::cache::KvCache;
 use crate::call::Call;
 use crate::error::Result;
@@ -45,36 +46,50 @@ impl SoftmaxAttention {
     ) -> Result<Tensor<3>> {
         let site = |mixer_site| Site::self_attn(self.layer, mixer_site);
         let queries = call.visit(site(MixerSite::AttentionQueries), queries)?;
-        let (keys, values) = call.state::<KvCache>(self.layer)?.appended(keys, values);
-        let keys = call.visit(site(MixerSite::AttentionKeys), keys)?;
-        let values = call.visit(site(MixerSite::AttentionValues), values)?;
-        call.state::<KvCache>(self.layer)?
-            .store(keys.clone(), values.clone());
+        let (keys, values) = call.state::<KvCache>(self.layer)?.append(keys, values);
+        let (keys_site, values_site) = (
+            site(MixerSite::AttentionKeys),
+            site(MixerSite::AttentionValues),
+        );
+        let observed = call.observes(keys_site) || call.observes(values_site);
+        let keys = call.visit(keys_site, keys)?;
+        let values = call.visit(values_site, values)?;
+        if observed {
+            // A hook may have written them: the cache holds what flows on.
+            call.state::<KvCache>(self.layer)?
+                .store(keys.clone(), values.clone());
+        }
 
         let [batch, heads, tokens, _] = queries.dims();
         let positions = keys.dims()[2];
-        let keys = self.repeat_kv(keys);
-        let values = self.repeat_kv(values);
-        let mask = call
-            .attention_mask()
-            .expand([batch, heads, tokens, positions]);
+        let mask = call.attention_mask();
 
         let explicit = call.observes(site(MixerSite::AttentionScores))
             || call.observes(site(MixerSite::AttentionProbabilities));
-        let head_outputs = if explicit {
-            let scores = queries.matmul(keys.swap_dims(2, 3)) * self.scale;
-            let scores = scores.mask_fill(mask, f32::NEG_INFINITY);
-            let scores = call.visit(site(MixerSite::AttentionScores), scores)?;
-            let probabilities = activation::softmax(scores, 3);
-            let probabilities =
-                call.visit(site(MixerSite::AttentionProbabilities), probabilities)?;
-            probabilities.matmul(values)
-        } else {
-            let options = AttentionModuleOptions {
-                scale: Some(self.scale),
-                ..Default::default()
-            };
-            attention(queries, keys, values, Some(mask), None, options)
+        let fused_decode = (!explicit)
+            .then(|| decode_attention::attend(&queries, &keys, &values, &mask, self.scale as f32))
+            .flatten();
+        let head_outputs = match fused_decode {
+            Some(head_outputs) => head_outputs,
+            None => {
+                let (keys, values) = (self.repeat_kv(keys), self.repeat_kv(values));
+                let mask = mask.expand([batch, heads, tokens, positions]);
+                if explicit {
+                    let scores = queries.matmul(keys.swap_dims(2, 3)) * self.scale;
+                    let scores = scores.mask_fill(mask, f32::NEG_INFINITY);
+                    let scores = call.visit(site(MixerSite::AttentionScores), scores)?;
+                    let probabilities = activation::softmax(scores, 3);
+                    let probabilities =
+                        call.visit(site(MixerSite::AttentionProbabilities), probabilities)?;
+                    probabilities.matmul(values)
+                } else {
+                    let options = AttentionModuleOptions {
+                        scale: Some(self.scale),
+                        ..Default::default()
+                    };
+                    attention(queries, keys, values, Some(mask), None, options)
+                }
+            }
         };
         let head_outputs = call.visit(
             site(MixerSite::AttentionHeadOutputs),

@@ -109,7 +109,7 @@ fn silu_slice(input: &[f32], output: &mut [f32]) {
 
 /// `e^x` for finite `x` (clamped to the range where `e^x` is a normal float).
 #[inline(always)]
-fn exp_f32(x: f32) -> f32 {
+pub(super) fn exp_f32(x: f32) -> f32 {
     const LOG2_E: f32 = std::f32::consts::LOG2_E;
     // ln 2 split in two so that `n * LN2_HIGH` is exact.
     const LN2_HIGH: f32 = 0.693_359_4;

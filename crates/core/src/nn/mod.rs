@@ -5,6 +5,7 @@ mod attention;
 mod block;
 mod conv;
 mod decay;
+mod decode_attention;
 mod decoder;
 mod embedding;
 mod fastmath;

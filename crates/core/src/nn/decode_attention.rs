@@ -1,0 +1,290 @@
+//! Attention of a few new queries (a decode step) over the key/value cache on the CPU (`flex`)
+//! backend, reading the cache where it lies.
+//!
+//! burn's fused attention first makes its keys and values contiguous, which for a view of the
+//! growing cache buffer (`[B, NKV, capacity, D]` sliced to the positions seen so far) is a copy
+//! of the whole cache at every step, and grouped-query heads are repeated into a copy before
+//! it. Here each key/value head's rows are read in place, once per query head of its group, and
+//! the softmax is the usual max-subtracted one. Other backends, dtypes and layouts go to burn.
+
+use burn::backend::Flex;
+use burn::backend::flex::FlexTensor;
+use burn::tensor::{Bool, Tensor, TensorData};
+use multiversion::multiversion;
+use rayon::prelude::*;
+
+use super::fastmath::exp_f32;
+use super::flex::f32_primitive;
+
+/// Calls of at most this many new tokens take this path (decode steps, short continuations);
+/// longer ones (prompt calls) are matrix products, where burn's tiled attention is the faster.
+pub(crate) const MAX_TOKENS: usize = 4;
+
+/// Rows of a rank-4 `f32` tensor: its storage, offset and element strides, the last dim
+/// contiguous.
+struct Strided<'a> {
+    data: &'a [f32],
+    offset: usize,
+    strides: [usize; 3],
+}
+
+impl<'a> Strided<'a> {
+    /// `None` where the innermost dim is not contiguous or a stride is negative.
+    fn of(tensor: &'a FlexTensor) -> Option<Self> {
+        let layout = tensor.layout();
+        let strides = layout.strides();
+        if strides.len() != 4 || strides[3] != 1 || strides.iter().any(|&s| s < 0) {
+            return None;
+        }
+        Some(Strided {
+            data: tensor.storage::<f32>(),
+            offset: layout.start_offset(),
+            strides: [
+                strides[0] as usize,
+                strides[1] as usize,
+                strides[2] as usize,
+            ],
+        })
+    }
+
+    /// Row `[i, j, k, ..len]`.
+    fn row(&self, i: usize, j: usize, k: usize, len: usize) -> &[f32] {
+        let start = self.offset + i * self.strides[0] + j * self.strides[1] + k * self.strides[2];
+        &self.data[start..start + len]
+    }
+}
+
+/// `softmax(scale · Q Kᵀ, masked) V` for `queries` `[B, NH, T, D]` over `keys` and `values`
+/// `[B, NKV, S, D]` (each key/value head shared by `NH / NKV` query heads), `mask` `[B, 1, T, S]`
+/// true where a query must not see a key; `[B, NH, T, D]`. `None` where this path does not apply
+/// (another backend or dtype, a non-contiguous head dim, more than [`MAX_TOKENS`] queries).
+pub(crate) fn attend(
+    queries: &Tensor<4>,
+    keys: &Tensor<4>,
+    values: &Tensor<4>,
+    mask: &Tensor<4, Bool>,
+    scale: f32,
+) -> Option<Tensor<4>> {
+    let [batch, heads, tokens, dim] = queries.dims();
+    let [_, kv_heads, positions, _] = keys.dims();
+    if tokens > MAX_TOKENS || kv_heads == 0 || heads % kv_heads != 0 {
+        return None;
+    }
+    let queries = f32_primitive(queries)?.to_contiguous();
+    let (keys, values) = (f32_primitive(keys)?, f32_primitive(values)?);
+    let (keys, values) = (Strided::of(&keys)?, Strided::of(&values)?);
+    let mask = mask.to_data().try_to_vec::<bool>().ok()?;
+    let queries = queries.as_slice::<f32>()?;
+    let shape = Shape {
+        group: heads / kv_heads,
+        kv_heads,
+        tokens,
+        positions,
+        dim,
+    };
+    let mut output = vec![0.0f32; batch * heads * tokens * dim];
+    let per_task = shape.group * tokens * dim;
+    output
+        .par_chunks_mut(per_task.max(1))
+        .enumerate()
+        .for_each(|(task, out)| {
+            let (b, kv_head) = (task / kv_heads, task % kv_heads);
+            let queries = &queries[task * per_task..][..per_task];
+            let mask = &mask[b * tokens * positions..][..tokens * positions];
+            attend_group(
+                &shape, queries, &keys, &values, b, kv_head, mask, scale, out,
+            );
+        });
+    let data = TensorData::new(output, [batch, heads, tokens, dim]);
+    Some(Tensor::from_primitive::<Flex>(FlexTensor::from_data(data)))
+}
+
+/// The sizes one task works with.
+struct Shape {
+    group: usize,
+    kv_heads: usize,
+    tokens: usize,
+    positions: usize,
+    dim: usize,
+}
+
+/// One key/value head of one batch row: the `group · T` query rows it serves (`queries`, in
+/// `[group, T, D]` order) into `out` (same order).
+#[allow(clippy::too_many_arguments)]
+#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma"))]
+fn attend_group<'a>(
+    shape: &Shape,
+    queries: &[f32],
+    keys: &Strided<'a>,
+    values: &Strided<'a>,
+    b: usize,
+    kv_head: usize,
+    mask: &[bool],
+    scale: f32,
+    out: &mut [f32],
+) {
+    let Shape { positions, dim, .. } = *shape;
+    debug_assert!(kv_head < shape.kv_heads);
+    let mut scores = vec![0.0f32; positions];
+    for ((query, out), row) in queries
+        .chunks_exact(dim)
+        .zip(out.chunks_exact_mut(dim))
+        .zip((0..shape.tokens).cycle())
+    {
+        let visible = &mask[row * positions..][..positions];
+        let mut max = f32::NEG_INFINITY;
+        for (position, score) in scores.iter_mut().enumerate() {
+            *score = if visible[position] {
+                f32::NEG_INFINITY
+            } else {
+                scale * dot(query, keys.row(b, kv_head, position, dim))
+            };
+            max = max.max(*score);
+        }
+        out.fill(0.0);
+        if max == f32::NEG_INFINITY {
+            continue;
+        }
+        let mut total = 0.0f32;
+        for (position, &score) in scores.iter().enumerate() {
+            if score == f32::NEG_INFINITY {
+                continue;
+            }
+            let weight = exp_f32(score - max);
+            total += weight;
+            for (o, &v) in out.iter_mut().zip(values.row(b, kv_head, position, dim)) {
+                *o += weight * v;
+            }
+        }
+        let inverse = 1.0 / total;
+        out.iter_mut().for_each(|o| *o *= inverse);
+    }
+}
+
+/// `Σ a·b` in 16 independent lanes (so that it vectorises), then summed.
+#[inline(always)]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut lanes = [0.0f32; LANES];
+    let (a_body, a_tail) = a.split_at(a.len() - a.len() % LANES);
+    let (b_body, b_tail) = b.split_at(a_body.len());
+    for (a, b) in a_body.chunks_exact(LANES).zip(b_body.chunks_exact(LANES)) {
+        for ((lane, a), b) in lanes.iter_mut().zip(a).zip(b) {
+            *lane += a * b;
+        }
+    }
+    let tail: f32 = a_tail.iter().zip(b_tail).map(|(a, b)| a * b).sum();
+    // A tree of halvings (vector adds) rather than one chain of 15 dependent scalar adds.
+    let mut width = LANES / 2;
+    while width > 0 {
+        for lane in 0..width {
+            lanes[lane] += lanes[lane + width];
+        }
+        width /= 2;
+    }
+    lanes[0] + tail
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::module::attention;
+    use burn::tensor::ops::AttentionModuleOptions;
+    use burn::tensor::{Device, Distribution};
+
+    use super::*;
+
+    /// burn's attention with the key/value heads repeated for their query groups.
+    fn reference(
+        queries: Tensor<4>,
+        keys: Tensor<4>,
+        values: Tensor<4>,
+        mask: Tensor<4, Bool>,
+        scale: f64,
+    ) -> Tensor<4> {
+        let [batch, heads, tokens, _] = queries.dims();
+        let [_, kv_heads, positions, dim] = keys.dims();
+        let group = heads / kv_heads;
+        let repeat = |x: Tensor<4>| {
+            x.unsqueeze_dim::<5>(2)
+                .expand([batch, kv_heads, group, positions, dim])
+                .reshape([batch, heads, positions, dim])
+        };
+        let options = AttentionModuleOptions {
+            scale: Some(scale),
+            ..Default::default()
+        };
+        let mask = mask.expand([batch, heads, tokens, positions]);
+        attention(
+            queries,
+            repeat(keys),
+            repeat(values),
+            Some(mask),
+            None,
+            options,
+        )
+    }
+
+    #[test]
+    fn equals_burns_attention_on_cache_views_with_groups_masks_and_odd_sizes() {
+        let device = Device::flex();
+        // (batch, heads, kv heads, tokens, positions, capacity, dim)
+        let cases = [
+            (1, 4, 4, 1, 7, 7, 16),
+            (2, 6, 2, 1, 33, 64, 20),
+            (3, 4, 1, 3, 19, 40, 5),
+            (2, 2, 2, 4, 4, 9, 64),
+        ];
+        for (batch, heads, kv_heads, tokens, positions, capacity, dim) in cases {
+            let normal = Distribution::Normal(0.0, 1.0);
+            let queries = Tensor::<4>::random([batch, heads, tokens, dim], normal, &device);
+            // The cache as the attention layer sees it: a view of the first positions of a
+            // longer buffer.
+            let buffer = |_| {
+                Tensor::<4>::random([batch, kv_heads, capacity, dim], normal, &device).slice([
+                    0..batch,
+                    0..kv_heads,
+                    0..positions,
+                    0..dim,
+                ])
+            };
+            let (keys, values) = (buffer(0), buffer(1));
+            // Causal over the last `tokens` positions; batch row 1 has its first two keys
+            // padded.
+            let mut masked = Vec::new();
+            for b in 0..batch {
+                for t in 0..tokens {
+                    let query = positions - tokens + t;
+                    masked.extend((0..positions).map(|key| key > query || (b == 1 && key < 2)));
+                }
+            }
+            let mask = Tensor::<4, Bool>::from_data(
+                TensorData::new(masked, [batch, 1, tokens, positions]),
+                &device,
+            );
+            let scale = (dim as f64).powf(-0.5);
+            let ours = attend(&queries, &keys, &values, &mask, scale as f32).unwrap();
+            let expected = reference(queries, keys, values, mask, scale);
+            let difference = (ours - expected).abs().max().into_scalar::<f32>();
+            assert!(
+                difference < 1e-5,
+                "case {:?}: {difference}",
+                (batch, heads, kv_heads, tokens, positions, capacity, dim)
+            );
+        }
+    }
+
+    #[test]
+    fn longer_calls_are_left_to_burn() {
+        let device = Device::flex();
+        let queries = Tensor::<4>::zeros([1, 1, MAX_TOKENS + 1, 8], &device);
+        let keys = Tensor::<4>::zeros([1, 1, MAX_TOKENS + 1, 8], &device);
+        let mask = Tensor::<4, Bool>::from_data(
+            TensorData::new(
+                vec![false; (MAX_TOKENS + 1) * (MAX_TOKENS + 1)],
+                [1, 1, MAX_TOKENS + 1, MAX_TOKENS + 1],
+            ),
+            &device,
+        );
+        assert!(attend(&queries, &keys, &keys, &mask, 1.0).is_none());
+    }
+}
