@@ -57,16 +57,6 @@ impl KvCache {
         self.len = keys.dims()[2];
         self.buffers = Some((keys, values));
     }
-
-    /// Positions held.
-    pub fn len(&self) -> usize {
-        self.len
-    }
-
-    /// Whether no position is held yet.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
 }
 
 /// `buffer` (`[B, NKV, capacity, D]`, its first `filled` positions in use) with room for `needed`
@@ -223,7 +213,7 @@ mod tests {
                 .expand([2, 3, positions, 4])
         };
         let mut cache = KvCache::default();
-        assert!(cache.is_empty());
+        assert_eq!(cache.len, 0);
         let prompt = 5;
         let (keys, values) = cache.append(ramp(0, prompt, 1.0), ramp(0, prompt, -1.0));
         assert_eq!(keys.dims(), [2, 3, prompt, 4]);
@@ -236,10 +226,10 @@ mod tests {
                 kept.push((keys, values));
             }
         }
-        assert_eq!(cache.len(), prompt + 300);
+        assert_eq!(cache.len, prompt + 300);
         let capacity = cache.buffers.as_ref().unwrap().0.dims()[2];
         assert!(
-            capacity >= cache.len() && capacity < 2 * cache.len(),
+            capacity >= cache.len && capacity < 2 * cache.len,
             "{capacity}"
         );
         // Views taken at earlier steps (as a saved site holds them) are unchanged.

@@ -102,4 +102,9 @@ impl<'a> Call<'a> {
     pub fn observes(&self, site: Site) -> bool {
         self.hooks.observes(site)
     }
+
+    /// Whether any request writes `site` in this call (a read alone leaves the value as it is).
+    pub fn writes(&self, site: Site) -> bool {
+        self.hooks.writes(site)
+    }
 }

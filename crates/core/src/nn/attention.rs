@@ -51,11 +51,12 @@ impl SoftmaxAttention {
             site(MixerSite::AttentionKeys),
             site(MixerSite::AttentionValues),
         );
-        let observed = call.observes(keys_site) || call.observes(values_site);
+        let written = call.writes(keys_site) || call.writes(values_site);
         let keys = call.visit(keys_site, keys)?;
         let values = call.visit(values_site, values)?;
-        if observed {
-            // A hook may have written them: the cache holds what flows on.
+        if written {
+            // The cache holds what flows on. (A view a read keeps is safe as it is: the next
+            // append copies the shared buffer before writing to it.)
             call.state::<KvCache>(self.layer)?
                 .store(keys.clone(), values.clone());
         }

@@ -18,7 +18,7 @@ use super::flex::f32_primitive;
 
 /// Calls of at most this many new tokens take this path (decode steps, short continuations);
 /// longer ones (prompt calls) are matrix products, where burn's tiled attention is the faster.
-pub(crate) const MAX_TOKENS: usize = 4;
+const MAX_TOKENS: usize = 4;
 
 /// Rows of a rank-4 `f32` tensor: its storage, offset and element strides, the last dim
 /// contiguous.
@@ -77,7 +77,6 @@ pub(crate) fn attend(
     let queries = queries.as_slice::<f32>()?;
     let shape = Shape {
         group: heads / kv_heads,
-        kv_heads,
         tokens,
         positions,
         dim,
@@ -102,7 +101,6 @@ pub(crate) fn attend(
 /// The sizes one task works with.
 struct Shape {
     group: usize,
-    kv_heads: usize,
     tokens: usize,
     positions: usize,
     dim: usize,
@@ -124,7 +122,6 @@ fn attend_group<'a>(
     out: &mut [f32],
 ) {
     let Shape { positions, dim, .. } = *shape;
-    debug_assert!(kv_head < shape.kv_heads);
     let mut scores = vec![0.0f32; positions];
     for ((query, out), row) in queries
         .chunks_exact(dim)
