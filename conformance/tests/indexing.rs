@@ -330,7 +330,7 @@ fn the_batched_patching_sweep_equals_one_indexed_set_per_position() {
     for p in 0..clean.len() {
         let index = Index::parse(&format!(":, {p}:{}", p + 1)).unwrap();
         let region = index.resolve(&clean_value.shape()).unwrap();
-        let part: SiteValue = clean_value.slice(&region.slices());
+        let part: SiteValue = region.read(clean_value);
         let mut interventions = Interventions::new();
         let write = Action::Write(Write::Set(Box::new(part)));
         interventions.push_indexed(site, index, Steps::At(0), write);

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use burn::tensor::{Device, Int, Tensor, TensorData, activation};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 
 use crate::adapter::{Architecture, CausalLm};
 use crate::cache::ModelCache;
@@ -365,7 +365,7 @@ impl Model {
             .clone()
             .slice_dim(1, tokens - 1..tokens)
             .reshape([batch, vocab]);
-        let next_token_probs = call.visit(Site::NextTokenProbs, activation::softmax(last, 1))?;
+        let next_token_probs = call.visit(Site::NextTokenProbs, crate::nn::softmax_last(last))?;
         Ok((logits, next_token_probs))
     }
 }

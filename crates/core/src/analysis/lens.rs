@@ -1,7 +1,7 @@
 //! The logit lens (nostalgebraist, "interpreting GPT: the logit lens", 2020): every layer's
 //! residual stream read through the model's own final norm and language-model head.
 
-use burn::tensor::{Tensor, activation};
+use burn::tensor::Tensor;
 
 use crate::error::{Error, Result};
 use crate::hooks::{Action, Interventions, SiteValue, Steps};
@@ -62,6 +62,6 @@ impl LogitLens<'_> {
     /// At the last layer this is the model's own next-token distribution at every position.
     pub fn probabilities(&self, layer: usize) -> Option<Tensor<3>> {
         let hidden = self.layer_outputs.get(layer)?.clone();
-        Some(activation::softmax(self.model.unembed(hidden), 2))
+        Some(crate::nn::softmax_last(self.model.unembed(hidden)))
     }
 }

@@ -233,7 +233,7 @@ impl<'a> Hooks<'a> {
                 (whole, shape)
             } else {
                 let region = self.region(site, index, &whole)?;
-                (whole.slice(&region.slices()), region.shape())
+                (region.read(&whole), region.shape())
             };
             let key = (site, (*index).clone(), self.step);
             self.saved
@@ -283,7 +283,7 @@ impl<'a> Hooks<'a> {
         }
         let part = match &region {
             None => whole.clone(),
-            Some(region) => whole.slice(&region.slices()),
+            Some(region) => region.read(&whole),
         };
         let label = || format!("{site}{index}");
         let expected = part.shape();
@@ -342,14 +342,12 @@ impl<'a> Hooks<'a> {
         };
         let result = match &region {
             None => written,
-            Some(region) => {
-                whole
-                    .assign(&region.slices(), written)
-                    .map_err(|message| Error::Edit {
-                        site: label(),
-                        message,
-                    })?
-            }
+            Some(region) => region
+                .write(whole, written)
+                .map_err(|message| Error::Edit {
+                    site: label(),
+                    message,
+                })?,
         };
         T::from_value(result).ok_or_else(|| kind_error("another kind".into()))
     }

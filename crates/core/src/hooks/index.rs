@@ -2,24 +2,29 @@
 //!
 //! A request with an index reads or writes only that part of the site's value. Integers select
 //! one entry and drop the axis from the result, as in numpy; slices clamp their bounds to the
-//! axis; `...` stands for as many full slices as the value needs.
+//! axis, and a negative step walks the axis backwards (`[:, ::-1]` reverses the positions);
+//! `...` stands for as many full slices as the value needs.
 
 use std::fmt;
 
 use burn::tensor::Slice;
+
+use super::SiteValue;
 
 /// One entry of an index.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum IndexItem {
     /// One position (negative counts from the end); the axis is dropped from the result.
     Int(i64),
-    /// `start:stop:step`, any part omitted; the step must be positive.
+    /// `start:stop:step`, any part omitted; a negative step walks backwards, as in numpy.
     Slice {
-        /// First position (negative counts from the end; default 0).
+        /// First position (negative counts from the end; default the axis' first position in
+        /// the step's direction).
         start: Option<i64>,
-        /// End, exclusive (negative counts from the end; default the axis size).
+        /// End, exclusive (negative counts from the end; default past the axis' last position
+        /// in the step's direction).
         stop: Option<i64>,
-        /// Stride (default 1).
+        /// Stride, never zero (default 1).
         step: Option<i64>,
     },
     /// `...`: full slices over as many axes as needed.
@@ -34,9 +39,13 @@ pub struct Index(Vec<IndexItem>);
 /// One axis of an index resolved against a concrete shape.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 struct AxisSelection {
+    /// The lowest selected position.
     start: usize,
     len: usize,
+    /// The distance between selected positions.
     step: usize,
+    /// True for a negative step: the part holds the positions in descending order.
+    reversed: bool,
     /// False for an integer index: the axis is dropped from the numpy-shaped result.
     kept: bool,
 }
@@ -161,12 +170,8 @@ fn parse_item(text: &str) -> Result<IndexItem, String> {
                 Some(step) => number(step)?,
                 None => None,
             };
-            match step {
-                Some(0) => return Err("slice step cannot be zero".into()),
-                Some(s) if s < 0 => {
-                    return Err(format!("`{text}`: negative slice steps are not supported"));
-                }
-                _ => {}
+            if step == Some(0) {
+                return Err("slice step cannot be zero".into());
             }
             Ok(IndexItem::Slice {
                 start: number(start)?,
@@ -199,26 +204,43 @@ fn select(item: IndexItem, axis: usize, size: usize) -> Result<AxisSelection, St
                 start: position as usize,
                 len: 1,
                 step: 1,
+                reversed: false,
                 kept: false,
             })
         }
         IndexItem::Slice { start, stop, step } => {
-            let clamp = |bound: i64| -> usize {
+            let step = step.unwrap_or(1);
+            // numpy's bounds: negative ones count from the end, then clamp to the axis; going
+            // backwards the bounds run from the last position down to -1 (before the first).
+            let (low, high) = if step > 0 {
+                (0, signed_size)
+            } else {
+                (-1, signed_size - 1)
+            };
+            let clamp = |bound: i64| -> i64 {
                 let bound = if bound < 0 {
                     bound + signed_size
                 } else {
                     bound
                 };
-                bound.clamp(0, signed_size) as usize
+                bound.clamp(low, high)
             };
-            let start = start.map_or(0, clamp);
-            let stop = stop.map_or(size, clamp);
-            let step = step.unwrap_or(1) as usize;
-            let len = stop.saturating_sub(start).div_ceil(step);
+            let (default_start, default_stop) = if step > 0 { (low, high) } else { (high, low) };
+            let first = start.map_or(default_start, clamp);
+            let stop = stop.map_or(default_stop, clamp);
+            let stride = step.unsigned_abs();
+            let span = if step > 0 { stop - first } else { first - stop };
+            let len = (span.max(0) as u64).div_ceil(stride);
+            let lowest = if step > 0 || len == 0 {
+                first
+            } else {
+                first - ((len - 1) * stride) as i64
+            };
             Ok(AxisSelection {
-                start,
-                len,
-                step,
+                start: lowest.max(0) as usize,
+                len: len as usize,
+                step: stride as usize,
+                reversed: step < 0,
                 kept: true,
             })
         }
@@ -252,14 +274,35 @@ impl Region {
         self.axes.iter().any(|a| a.len == 0)
     }
 
-    /// The region as burn slices, one per axis.
-    pub fn slices(&self) -> Vec<Slice> {
+    /// The selected part of `value` (rank kept, reversed axes in descending order).
+    pub fn read(&self, value: &SiteValue) -> SiteValue {
+        value.slice(&self.slices()).flip(&self.reversed_axes())
+    }
+
+    /// `whole` with the selected part replaced by `part` (of the part's shape, as
+    /// [`Region::read`] gives it).
+    pub fn write(&self, whole: SiteValue, part: SiteValue) -> Result<SiteValue, String> {
+        whole.assign(&self.slices(), part.flip(&self.reversed_axes()))
+    }
+
+    /// The region as burn slices, one per axis, every one ascending.
+    fn slices(&self) -> Vec<Slice> {
         self.axes
             .iter()
             .map(|a| {
-                let end = a.start + a.len.saturating_sub(1) * a.step + 1;
+                let end = match a.len {
+                    0 => a.start,
+                    len => a.start + (len - 1) * a.step + 1,
+                };
                 Slice::new(a.start as isize, Some(end as isize), a.step as isize)
             })
+            .collect()
+    }
+
+    /// The axes a negative step walks backwards.
+    fn reversed_axes(&self) -> Vec<usize> {
+        (0..self.axes.len())
+            .filter(|&axis| self.axes[axis].reversed)
             .collect()
     }
 }
@@ -312,6 +355,60 @@ mod tests {
             region("1::3", &[8]).unwrap().slices(),
             [Slice::new(1, Some(8), 3)]
         );
+        assert_eq!(
+            region(":, 4:2", &[2, 5]).unwrap().slices()[1],
+            Slice::new(4, Some(4), 1)
+        );
+    }
+
+    /// The positions numpy's `list(range(size))[index]` gives, for one axis.
+    fn numpy_positions(index: &str, size: usize) -> Vec<usize> {
+        let values: Vec<f32> = (0..size).map(|v| v as f32).collect();
+        let device = burn::tensor::Device::default();
+        let value = SiteValue::from_floats(values, &[1, size], &device).unwrap();
+        let part = region(&format!(":, {index}"), &[1, size])
+            .unwrap()
+            .read(&value);
+        let data = part
+            .to_data()
+            .convert::<f32>()
+            .try_into_vec::<f32>()
+            .unwrap();
+        data.into_iter().map(|v| v as usize).collect()
+    }
+
+    #[test]
+    fn negative_steps_walk_backwards_as_in_numpy() {
+        // Expected lists are Python's `list(range(7))[index]`.
+        assert_eq!(numpy_positions("::-1", 7), [6, 5, 4, 3, 2, 1, 0]);
+        assert_eq!(numpy_positions("::-2", 7), [6, 4, 2, 0]);
+        assert_eq!(numpy_positions("5:1:-1", 7), [5, 4, 3, 2]);
+        assert_eq!(numpy_positions("5:1:-3", 7), [5, 2]);
+        assert_eq!(numpy_positions("-2::-3", 7), [5, 2]);
+        assert_eq!(numpy_positions(":-3:-1", 7), [6, 5]);
+        assert_eq!(numpy_positions("100:-100:-4", 7), [6, 2]);
+        assert_eq!(numpy_positions("1:5:-1", 7), Vec::<usize>::new());
+        assert_eq!(numpy_positions("2:5:2", 7), [2, 4]);
+        assert_eq!(numpy_positions("5:2", 7), Vec::<usize>::new());
+        assert_eq!(region(":, ::-2", &[2, 7]).unwrap().shape(), [2, 4]);
+    }
+
+    #[test]
+    fn a_write_through_a_reversed_index_lands_in_numpy_order() {
+        let device = burn::tensor::Device::default();
+        let whole = SiteValue::from_floats(vec![0.0; 6], &[1, 6], &device).unwrap();
+        let part = SiteValue::from_floats(vec![1.0, 2.0, 3.0], &[1, 3], &device).unwrap();
+        // numpy: a = zeros(6); a[4::-2] = [1, 2, 3] gives [3, 0, 2, 0, 1, 0].
+        let written = region(":, 4::-2", &[1, 6])
+            .unwrap()
+            .write(whole, part)
+            .unwrap();
+        let data = written
+            .to_data()
+            .convert::<f32>()
+            .try_into_vec::<f32>()
+            .unwrap();
+        assert_eq!(data, [3.0, 0.0, 2.0, 0.0, 1.0, 0.0]);
     }
 
     #[test]
@@ -324,7 +421,7 @@ mod tests {
                 .unwrap_err()
                 .contains("too many indices")
         );
-        for bad in ["", "x", "1:2:0", "::-1", "1:2:3:4", "..., ...", "0,,1"] {
+        for bad in ["", "x", "1:2:0", "1:2:3:4", "..., ...", "0,,1"] {
             assert!(Index::parse(bad).is_err(), "{bad}");
         }
     }
@@ -333,6 +430,7 @@ mod tests {
     fn indices_print_canonically() {
         let index = Index::parse(" :,-1 , 2:, ::2, ...").unwrap();
         assert_eq!(index.to_string(), "[:, -1, 2:, ::2, ...]");
+        assert_eq!(Index::parse("5:1:-2").unwrap().to_string(), "[5:1:-2]");
         assert_eq!(Index::full().to_string(), "");
     }
 

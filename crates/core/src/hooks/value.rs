@@ -96,6 +96,14 @@ impl SiteValue {
         each_variant!(self, t => t.clone().slice(slices))
     }
 
+    /// The value with each of `axes` reversed.
+    pub fn flip(self, axes: &[usize]) -> SiteValue {
+        axes.iter().fold(
+            self,
+            |value, &axis| each_variant!(value, t => t.flip([axis])),
+        )
+    }
+
     /// The value with the part `slices` select replaced by `part` (of that part's shape and
     /// this value's kind).
     pub fn assign(self, slices: &[Slice], part: SiteValue) -> Result<SiteValue, String> {

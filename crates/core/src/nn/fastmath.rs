@@ -86,15 +86,25 @@ fn gelu_tanh_slice(input: &[f32], output: &mut [f32]) {
 /// Applies `kernel` (reading a slice, writing one of the same length) to `x`'s values when it
 /// is a contiguous `f32` tensor on the `flex` backend.
 fn map_f32<const D: usize>(x: &Tensor<D>, kernel: fn(&[f32], &mut [f32])) -> Option<Tensor<D>> {
+    map_f32_chunks(x, CHUNK, kernel)
+}
+
+/// Like [`map_f32`], `kernel` seeing `chunk` values at a time (the last chunk may be shorter),
+/// chunks spread over rayon's threads.
+pub(super) fn map_f32_chunks<const D: usize>(
+    x: &Tensor<D>,
+    chunk: usize,
+    kernel: fn(&[f32], &mut [f32]),
+) -> Option<Tensor<D>> {
     let primitive = f32_primitive(x)?;
-    if !primitive.is_contiguous() {
+    if !primitive.is_contiguous() || chunk == 0 {
         return None;
     }
     let input = primitive.as_slice::<f32>()?;
     let mut output = vec![0.0f32; input.len()];
     output
-        .par_chunks_mut(CHUNK)
-        .zip(input.par_chunks(CHUNK))
+        .par_chunks_mut(chunk)
+        .zip(input.par_chunks(chunk))
         .for_each(|(out, inp)| kernel(inp, out));
     let data = TensorData::new(output, x.dims());
     Some(Tensor::from_primitive::<Flex>(FlexTensor::from_data(data)))

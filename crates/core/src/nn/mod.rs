@@ -16,6 +16,7 @@ mod moe;
 mod norm;
 pub(crate) mod packed;
 mod rotary;
+mod softmax;
 
 pub use activation::Activation;
 pub use attention::{ProjectedAttention, ProjectedAttentionSpec, QkNorm, SoftmaxAttention};
@@ -30,3 +31,4 @@ pub use mlp::{GatedMlp, GatedMlpSpec};
 pub use moe::{MoeSpec, SparseMoe};
 pub use norm::{GatedRmsNorm, LayerNorm, RmsNorm};
 pub use rotary::{RopeScaling, Rotary};
+pub use softmax::softmax_last;
