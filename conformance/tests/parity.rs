@@ -37,8 +37,8 @@ fn gpt2_untied_without_prefix_matches_transformers_at_every_site() {
 }
 
 #[test]
-fn embedded_default_model_matches_transformers() {
-    // float16 weights; the vocabulary-sized logits are referenced through next_token_probs.
+fn float16_gpt2_with_the_real_vocabulary_matches_transformers() {
+    // The vocabulary-sized logits are referenced through next_token_probs.
     assert_parity("gpt2-tiny", &["prompt0/logits@0"]);
 }
 

@@ -3,7 +3,7 @@
 #
 # Run as a script (`python examples/python/seed_examples.py`) or cell by cell in a notebook
 # (the `# %%` markers). Needs `pip install ./crates/python matplotlib`. Uses the embedded default
-# model (a tiny random GPT-2 with the real tokenizer: its continuations mean nothing); pass a
+# model (a small Llama trained on the King James Bible, with GPT-2's tokenizer); pass a
 # directory or hub id to `hookscope.Model`, e.g. a local copy of openai-community/gpt2.
 
 # %%

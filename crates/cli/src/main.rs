@@ -22,7 +22,8 @@ const GLOSSARY: &str = "\
 MODEL: a local Hugging Face directory (config.json, model.safetensors or a sharded index,
   tokenizer.json, generation_config.json), or a hub id (owner/name: from the local hub cache,
   downloaded if missing; HF_HUB_OFFLINE=1 uses the cache only). Omitted: the embedded default
-  model (a tiny random GPT-2 with the real GPT-2 tokenizer; no network).
+  model (a small Llama trained on the King James Bible, with the real GPT-2 tokenizer; no
+  network).
 PATTERN[INDEX][@STEPS]: site names with `*` and `?` wildcards
   (`layers.*.self_attn.attention_keys`; `hookscope sites` lists them). INDEX is numpy basic
   indexing of the value (`[:, -1]` the last position, `[:, :, 3]` head 3 of `[B, T, NH, D]`,

@@ -124,8 +124,8 @@ fn sites_prints_the_shape_table() {
         .unwrap();
     assert!(
         keys.contains("[B, NKV, S, D]")
-            && keys.contains("[1, 4, 7, 8]")
-            && keys.contains("[1, 4, 9, 8]"),
+            && keys.contains("[1, 2, 7, 16]")
+            && keys.contains("[1, 2, 9, 16]"),
         "{keys}"
     );
 }
@@ -152,20 +152,20 @@ fn run_generates_and_saves_every_step_by_default() {
     let bytes = std::fs::read(&out).unwrap();
     let file = SafeTensors::deserialize(&bytes).unwrap();
     let shape = |name: &str| file.tensor(name).unwrap().shape().to_vec();
-    assert_eq!(shape("layers.1.layer_output@0"), [1, 10, 32]);
-    assert_eq!(shape("layers.1.layer_output@1"), [1, 1, 32]);
-    assert_eq!(shape("layers.1.layer_output@2"), [1, 1, 32]);
-    assert_eq!(shape("layers.0.self_attn.attention_keys@2"), [1, 4, 12, 8]);
+    assert_eq!(shape("layers.1.layer_output@0"), [1, 10, 64]);
+    assert_eq!(shape("layers.1.layer_output@1"), [1, 1, 64]);
+    assert_eq!(shape("layers.1.layer_output@2"), [1, 1, 64]);
+    assert_eq!(shape("layers.0.self_attn.attention_keys@2"), [1, 2, 12, 16]);
     assert_eq!(shape("output_ids"), [1, 13]);
     assert_eq!(file.names().len(), 5);
     // The report lists what was saved, site by site, with its shape at each step.
     let report = stdout(&output);
     assert!(
-        report.contains("  layers.1.layer_output  @0 [1, 10, 32]  @1 [1, 1, 32]  @2 [1, 1, 32]"),
+        report.contains("  layers.1.layer_output  @0 [1, 10, 64]  @1 [1, 1, 64]  @2 [1, 1, 64]"),
         "{report}"
     );
     assert!(
-        report.contains("  layers.0.self_attn.attention_keys  @2 [1, 4, 12, 8]"),
+        report.contains("  layers.0.self_attn.attention_keys  @2 [1, 2, 12, 16]"),
         "{report}"
     );
 }

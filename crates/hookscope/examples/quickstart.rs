@@ -3,7 +3,7 @@ use hookscope::prelude::*;
 fn main() -> hookscope::Result<()> {
     // The CPU; `"vulkan:0".parse::<DeviceChoice>()?.open()?` in a build with that feature.
     let device = DeviceChoice::Cpu.open()?;
-    // The embedded tiny GPT-2; a local Hugging Face directory or a hub id loads the same way:
+    // The embedded demo model; a local Hugging Face directory or a hub id loads the same way:
     // `Model::load(&ModelSource::resolve("path/to/gpt2")?, &device)?`.
     let model = Model::load(&hookscope::default_model(), &device)?;
     let batch = model.encode(&["The Eiffel Tower is in the city of"])?;
@@ -19,7 +19,7 @@ fn main() -> hookscope::Result<()> {
     let run = model.generate(&batch, &requests, &config)?;
     // [B, NKV, prompt_len + 1, D]: the whole cache after step 1's append.
     let keys_at_step_1 = run.saved.get(keys, 1).expect("saved at step 1");
-    assert_eq!(keys_at_step_1.shape(), [1, 4, batch.len() + 1, 8]);
+    assert_eq!(keys_at_step_1.shape(), [1, 2, batch.len() + 1, 16]);
     println!("new tokens: {:?}", run.new_tokens(0));
     Ok(())
 }

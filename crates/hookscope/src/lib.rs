@@ -32,15 +32,18 @@ hookscope_core::inventory::submit! {
     Registration(&BUILTIN)
 }
 
-/// The default model compiled into this crate: a tiny GPT-2 with random weights and the real
-/// GPT-2 tokenizer (made by `conformance/scripts/make_fixtures.py`), so that everything runs
-/// offline. Its outputs mean nothing; its shapes and sites are a real GPT-2's.
+/// The default model compiled into this crate, so that everything runs offline: a small Llama
+/// (4 layers, 64 wide, 4 query and 2 key/value heads, tied embeddings, float16, 6.9 MB) with the
+/// real GPT-2 tokenizer, trained on the King James Bible by
+/// `conformance/scripts/train_demo_model.py`. It continues text readably, has an induction head
+/// and a logit lens that sharpens with depth (`conformance/tests/demo_model.rs` checks all three
+/// against `transformers`).
 pub static DEFAULT_MODEL: EmbeddedModel = EmbeddedModel {
-    name: "gpt2-tiny",
-    config_json: include_str!("../embedded/gpt2-tiny/config.json"),
-    generation_config_json: Some(include_str!("../embedded/gpt2-tiny/generation_config.json")),
-    tokenizer_json: Some(include_bytes!("../embedded/gpt2-tiny/tokenizer.json")),
-    weights: include_bytes!("../embedded/gpt2-tiny/model.safetensors"),
+    name: "demo",
+    config_json: include_str!("../embedded/demo/config.json"),
+    generation_config_json: Some(include_str!("../embedded/demo/generation_config.json")),
+    tokenizer_json: Some(include_bytes!("../embedded/demo/tokenizer.json")),
+    weights: include_bytes!("../embedded/demo/model.safetensors"),
 };
 
 /// The embedded [`DEFAULT_MODEL`] as a model source.

@@ -27,7 +27,7 @@ def test_shapes_per_step_and_argmax_is_the_appended_token(default):
     g = default.generate(PROMPT, max_new_tokens=3, greedy=True, save=["layers.1.layer_output", "next_token_probs"])
     t0 = g.output_ids.shape[1] - 3
     shapes = [g.saved[f"layers.1.layer_output@{k}"].shape for k in range(3)]
-    assert shapes == [(1, t0, 32), (1, 1, 32), (1, 1, 32)]
+    assert shapes == [(1, t0, 64), (1, 1, 64), (1, 1, 64)]
     argmax = [int(g.saved[f"next_token_probs@{k}"].argmax(-1)[0]) for k in range(3)]
     assert argmax == g.output_ids[0, -3:].tolist()
     assert g.output_ids.dtype == np.int64 and g.attention_mask is None
@@ -48,9 +48,9 @@ def test_a_decode_steps_values(default):
     )
     t0 = g.output_ids.shape[1] - 3
     assert g.saved["input_ids@1"].tolist() == [[int(g.output_ids[0, t0])]]
-    assert g.saved["layers.1.self_attn.attention_keys@1"].shape == (1, 4, t0 + 1, 8)
+    assert g.saved["layers.1.self_attn.attention_keys@1"].shape == (1, 2, t0 + 1, 16)
     assert g.saved["layers.1.self_attn.attention_probabilities@1"].shape == (1, 4, 1, t0 + 1)
-    assert g.saved["layers.1.layer_output[:, -1]@1"].shape == (1, 32)
+    assert g.saved["layers.1.layer_output[:, -1]@1"].shape == (1, 64)
 
 
 def test_a_zero_write_at_step_1_keeps_step_0s_token(default):
@@ -99,10 +99,10 @@ def test_errors_are_exceptions_with_the_clis_messages(default):
         default.trace(PROMPT, save=["layers.1.layer_outptu"])
     with pytest.raises(hookscope.SiteError, match="index 9 is out of bounds for axis 2 with size 4"):
         default.trace(PROMPT, zero=["layers.0.self_attn.attention_head_outputs[:, :, 9]"])
-    with pytest.raises(hookscope.SiteError, match=r"does not broadcast to the selected value's \[B, T, 32\]"):
+    with pytest.raises(hookscope.SiteError, match=r"does not broadcast to the selected value's \[B, T, 64\]"):
         default.trace(PROMPT, add={"layers.0.layer_output": np.ones(31)})
     with pytest.raises(hookscope.WriteError, match="does not broadcast"):
-        default.trace(PROMPT, set={"layers.0.layer_output": np.ones((2, 32))})
+        default.trace(PROMPT, set={"layers.0.layer_output": np.ones((2, 64))})
     with pytest.raises(hookscope.SiteError, match="single trace"):
         default.trace(PROMPT, save=["logits@2"])
     with pytest.raises(hookscope.LoadError):
@@ -125,8 +125,8 @@ def test_steering_and_patching_match_the_cli(default, tmp_path):
     if binary is None:
         pytest.skip("no hookscope binary (set HOOKSCOPE_BIN)")
     assert Path(binary).exists(), f"HOOKSCOPE_BIN={binary} does not exist"
-    steer = np.random.default_rng(0).standard_normal(32).astype(np.float32)
-    patch = np.random.default_rng(1).standard_normal((1, 2, 32)).astype(np.float32)
+    steer = np.random.default_rng(0).standard_normal(64).astype(np.float32)
+    patch = np.random.default_rng(1).standard_normal((1, 2, 64)).astype(np.float32)
     save_file({"steer": steer, "patch": patch}, str(tmp_path / "ops.safetensors"))
     out = tmp_path / "cli.safetensors"
     ops = tmp_path / "ops.safetensors"
@@ -149,11 +149,11 @@ def test_steering_and_patching_match_the_cli(default, tmp_path):
 
 def test_array_likes_are_accepted(default):
     base = default.trace(PROMPT, save=["layers.0.layer_output"])
-    shifted = default.trace(PROMPT, save=["layers.0.layer_output"], add={"layers.0.layer_output": [0.5] * 32})
+    shifted = default.trace(PROMPT, save=["layers.0.layer_output"], add={"layers.0.layer_output": [0.5] * 64})
     delta = shifted.saved["layers.0.layer_output@0"] - base.saved["layers.0.layer_output@0"]
     assert np.allclose(delta, 0.5, atol=1e-5)
     torch = pytest.importorskip("torch")
-    via_torch = default.trace(PROMPT, save=["layers.0.layer_output"], add={"layers.0.layer_output": torch.full((32,), 0.5)})
+    via_torch = default.trace(PROMPT, save=["layers.0.layer_output"], add={"layers.0.layer_output": torch.full((64,), 0.5)})
     assert np.allclose(via_torch.saved["layers.0.layer_output@0"], shifted.saved["layers.0.layer_output@0"])
 
 
@@ -162,8 +162,8 @@ def test_sites_lists_the_shape_table(default):
     first = sites[0]
     assert first == {"name": "input_ids", "shape": "[B, T]", "step0": [1, 5], "decode": [1, 1]}
     keys = next(s for s in sites if s["name"] == "layers.0.self_attn.attention_keys")
-    assert keys["decode"] == [1, 4, 7, 8]
-    assert "Model(gpt2, 2 layers" in repr(default)
+    assert keys["decode"] == [1, 2, 7, 16]
+    assert "Model(llama, 4 layers" in repr(default)
     assert default.decode(default.encode(PROMPT)) == PROMPT
 
 

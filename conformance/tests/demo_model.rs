@@ -1,0 +1,148 @@
+//! The embedded default model is a trained one (`conformance/scripts/train_demo_model.py`):
+//! what it shows must hold in hookscope and match `transformers` on the same weights
+//! (`demo_model.json`, written by that script): its greedy continuations, an induction head on
+//! repeated random tokens, and a logit lens that sharpens with depth.
+
+mod common;
+
+use common::floats;
+use hookscope::hooks::RequestSpecs;
+use hookscope::{Interventions, Model, Steps};
+use hookscope_conformance::test_device;
+use serde_json::Value;
+
+/// Within this of `transformers` (f32 arithmetic on the same float16 weights).
+const TOLERANCE: f64 = 1e-4;
+
+fn references() -> Value {
+    serde_json::from_str(include_str!("demo_model.json")).unwrap()
+}
+
+fn demo() -> Model {
+    Model::load(&hookscope::default_model(), &test_device()).unwrap()
+}
+
+fn ids(value: &Value) -> Vec<u32> {
+    value
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|id| id.as_u64().unwrap() as u32)
+        .collect()
+}
+
+#[test]
+fn greedy_continuations_equal_transformers() {
+    let model = demo();
+    let mut config = model.generation_config().clone();
+    config.max_new_tokens = 12;
+    for case in references()["continuations"].as_array().unwrap() {
+        let prompt = case["prompt"].as_str().unwrap();
+        let run = model
+            .generate(
+                &model.encode(&[prompt]).unwrap(),
+                &Interventions::new(),
+                &config,
+            )
+            .unwrap();
+        assert_eq!(
+            run.new_tokens(0),
+            ids(&case["new_ids"]).as_slice(),
+            "{prompt:?}"
+        );
+    }
+}
+
+/// Per layer and head, the mean attention from each token of the second copy to the token
+/// after its previous occurrence, from hookscope's own `attention_probabilities`.
+fn induction_scores(model: &Model, prompts: Vec<Vec<u32>>, period: usize) -> Vec<Vec<f64>> {
+    let specs = RequestSpecs {
+        save: vec!["layers.*.self_attn.attention_probabilities".into()],
+        ..Default::default()
+    };
+    let requests = specs
+        .interventions(model.layout(), &Steps::At(0), false, model.device())
+        .unwrap();
+    let trace = model
+        .trace(&model.batch(prompts).unwrap(), &requests)
+        .unwrap();
+    let mut layers = Vec::new();
+    for entry in trace.saved.iter() {
+        let &[batch, heads, queries, keys] = entry.shape() else {
+            panic!("{}: {:?}", entry.key(), entry.shape());
+        };
+        let probabilities = floats(entry.to_data());
+        let at = |b: usize, h: usize, q: usize, k: usize| {
+            f64::from(probabilities[((b * heads + h) * queries + q) * keys + k])
+        };
+        let per_head = (0..heads)
+            .map(|h| {
+                let targets: Vec<f64> = (0..batch)
+                    .flat_map(|b| (period + 1..queries).map(move |q| (b, q)))
+                    .map(|(b, q)| at(b, h, q, q - period + 1))
+                    .collect();
+                targets.iter().sum::<f64>() / targets.len() as f64
+            })
+            .collect();
+        layers.push(per_head);
+    }
+    layers
+}
+
+#[test]
+fn an_induction_head_attends_to_the_token_after_the_previous_occurrence() {
+    let model = demo();
+    let case = &references()["induction"];
+    let prompts: Vec<Vec<u32>> = case["prompt"].as_array().unwrap().iter().map(ids).collect();
+    let period = case["period"].as_u64().unwrap() as usize;
+    let scores = induction_scores(&model, prompts, period);
+    let expected = case["scores"].as_array().unwrap();
+    assert_eq!(scores.len(), expected.len());
+    for (layer, (ours, theirs)) in scores.iter().zip(expected).enumerate() {
+        for (head, (a, b)) in ours.iter().zip(theirs.as_array().unwrap()).enumerate() {
+            let b = b.as_f64().unwrap();
+            assert!(
+                (a - b).abs() < TOLERANCE,
+                "layer {layer} head {head}: {a} vs {b}"
+            );
+        }
+    }
+    let best = scores.iter().flatten().cloned().fold(0.0, f64::max);
+    assert!(best >= 0.5, "no induction head: best score {best:.3}");
+}
+
+#[test]
+fn the_logit_lens_sharpens_with_depth() {
+    let model = demo();
+    let case = &references()["lens"];
+    let prompt = case["prompt"].as_str().unwrap();
+    let batch = model.encode(&[prompt]).unwrap();
+    let tokens = model.tokenizer().unwrap().encode(prompt).unwrap();
+    let lens = model.logit_lens(&batch, &Interventions::new()).unwrap();
+    let vocab = model.layout().vocab;
+    let mut means = Vec::new();
+    for layer in 0..lens.layers() {
+        let probabilities = floats(lens.probabilities(layer).unwrap().to_data());
+        let log_probs: Vec<f64> = tokens[1..]
+            .iter()
+            .enumerate()
+            .map(|(position, &next)| {
+                f64::from(probabilities[position * vocab + next as usize]).ln()
+            })
+            .collect();
+        means.push(log_probs.iter().sum::<f64>() / log_probs.len() as f64);
+    }
+    let expected: Vec<f64> = case["mean_log_prob"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|v| v.as_f64().unwrap())
+        .collect();
+    assert_eq!(means.len(), expected.len());
+    for (layer, (a, b)) in means.iter().zip(&expected).enumerate() {
+        assert!((a - b).abs() < TOLERANCE, "layer {layer}: {a} vs {b}");
+    }
+    for pair in means.windows(2) {
+        assert!(pair[1] > pair[0], "the lens does not sharpen: {means:?}");
+    }
+}
