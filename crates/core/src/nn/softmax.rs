@@ -137,4 +137,33 @@ mod tests {
         let diff: f32 = (got - expected).abs().max().into_scalar();
         assert!(diff < 1e-7, "{diff}");
     }
+
+    /// What `next_token_probs` sees for a batch: the last position of `[B, T, V]` logits,
+    /// reshaped to `[B, V]`. Each row must get the accurate sums a lone row gets (burn's own
+    /// softmax is ~1e-4 off at this width).
+    #[test]
+    fn the_last_position_of_a_batch_is_summed_as_accurately_as_one_row() {
+        let (batch, tokens, vocab) = (2, 3, 50_257);
+        let logits: Vec<f32> = (0..batch * tokens * vocab)
+            .map(|i| ((i * 7919 % 10_007) as f32 / 10_007.0 - 0.8) * 20.0)
+            .collect();
+        let x: Tensor<3> = Tensor::from_data(
+            TensorData::new(logits.clone(), [batch, tokens, vocab]),
+            &Device::default(),
+        );
+        let last = x.slice_dim(1, tokens - 1..tokens).reshape([batch, vocab]);
+        let got = softmax_last(last).into_data().try_to_vec::<f32>().unwrap();
+        for b in 0..batch {
+            let row = &logits[(b * tokens + tokens - 1) * vocab..][..vocab];
+            let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+            let sum: f64 = row.iter().map(|&v| (v as f64 - max).exp()).sum();
+            for (&p, &v) in got[b * vocab..][..vocab].iter().zip(row) {
+                let exact = (v as f64 - max).exp() / sum;
+                assert!(
+                    ((p as f64 - exact) / exact).abs() < 1e-6,
+                    "row {b}: {p} vs {exact}"
+                );
+            }
+        }
+    }
 }
