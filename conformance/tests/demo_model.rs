@@ -1,7 +1,8 @@
 //! The embedded default model is a trained one (`conformance/scripts/train_demo_model.py`):
 //! what it shows must hold in hookscope and match `transformers` on the same weights
 //! (`demo_model.json`, written by that script): its greedy continuations, an induction head on
-//! repeated random tokens, and a logit lens that sharpens with depth.
+//! repeated random tokens, and a logit lens that sharpens with depth; and the README's patching
+//! example localises as it says.
 
 mod common;
 
@@ -144,5 +145,44 @@ fn the_logit_lens_sharpens_with_depth() {
     }
     for pair in means.windows(2) {
         assert!(pair[1] > pair[0], "the lens does not sharpen: {means:?}");
+    }
+}
+
+/// The README's patching example: the clean/corrupt difference sits at the differing token in
+/// layer 0 and has moved to the last position from layer 1 on.
+#[test]
+fn patching_localises_where_the_prompts_differ_then_the_last_position() {
+    use hookscope::analysis::Metric;
+    use hookscope::{LayerSite, Site};
+    let model = demo();
+    let tokenizer = model.tokenizer().unwrap();
+    let encode = |text: &str| tokenizer.encode(text).unwrap();
+    let (clean, corrupt) = (
+        encode("Speak unto the children of"),
+        encode("Speak unto the daughters of"),
+    );
+    let differing = (0..clean.len()).find(|&p| clean[p] != corrupt[p]).unwrap();
+    let last = clean.len() - 1;
+    assert_eq!(differing + 1, last, "{clean:?} vs {corrupt:?}");
+    let token = |text: &str| encode(text)[0];
+    let metric = Metric::LogitDiff {
+        correct: token(" Israel"),
+        wrong: token(" the"),
+    };
+    let sites: Vec<Site> = (0..model.layout().layers.len())
+        .map(|layer| Site::Layer {
+            layer,
+            site: LayerSite::LayerOutput,
+        })
+        .collect();
+    let sweep = model
+        .activation_patching(&clean, &corrupt, &sites, metric)
+        .unwrap();
+    assert!(sweep.clean > sweep.corrupt + 1.0, "{sweep:?}");
+    let scores = &sweep.scores;
+    assert!(scores[0][differing] > 0.5, "{scores:?}");
+    for layer in 1..scores.len() {
+        assert!(scores[layer][last] > 0.9, "layer {layer}: {scores:?}");
+        assert!(scores[layer][differing] < 0.1, "layer {layer}: {scores:?}");
     }
 }
