@@ -75,7 +75,7 @@ def time_transformers_forward(model_dir, prompt_len, iters, warmup, dtype=None):
 
 
 def time_hookscope(binary, model_dir, prompt_len, iters, warmup, threads, new_tokens=None, dtype=None,
-                   device=None, unhooked_only=False):
+                   device=None, unhooked_only=False, matmul_precision=None):
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
     command = [binary, "bench", str(model_dir), "--prompt-len", str(prompt_len), "--iters", str(iters)]
     command += ["--warmup", str(warmup)]
@@ -83,6 +83,8 @@ def time_hookscope(binary, model_dir, prompt_len, iters, warmup, threads, new_to
         command += ["--device", device]
     if dtype is not None:
         command += ["--dtype", dtype]
+    if matmul_precision is not None:
+        command += ["--matmul-precision", matmul_precision]
     if new_tokens is not None:
         command += ["--new-tokens", str(new_tokens)]
     if unhooked_only:
@@ -285,21 +287,28 @@ def print_precision_table(args, model_dir):
           "| transformers decode (ms/token) | hookscope decode (ms/token) | decode vs transformers "
           "| read bandwidth (GB/s) | hookscope % of weights-read-once bound |")
     print("| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for dtype in args.dtypes:
+    # bf16 weights are also timed with bf16 products (--matmul-precision bf16).
+    variants = [(dtype, None) for dtype in args.dtypes]
+    if "bf16" in args.dtypes:
+        variants.insert(args.dtypes.index("bf16") + 1, ("bf16", "bf16"))
+    for dtype, matmul in variants:
         hf_prompt = time_transformers_forward(model_dir, prompt_len, 3, 1, dtype)
         hf_decode = decode_ms(time_transformers_generate(model_dir, 10, n, args.generate_iters, dtype), n)
-        hs_prompt = time_hookscope(args.hookscope, model_dir, prompt_len, 3, 1, args.threads, dtype=dtype)
-        runs = [time_hookscope(args.hookscope, model_dir, 10, args.generate_iters, 1, args.threads, t, dtype)
+        hs_prompt = time_hookscope(args.hookscope, model_dir, prompt_len, 3, 1, args.threads, dtype=dtype,
+                                   matmul_precision=matmul)
+        runs = [time_hookscope(args.hookscope, model_dir, 10, args.generate_iters, 1, args.threads, t, dtype,
+                               matmul_precision=matmul)
                 for t in (1, n)]
         hs_decode = decode_ms({1: runs[0]["no_hooks"]["median_ms"], n: runs[1]["no_hooks"]["median_ms"]}, n)
         read = max(r["read_gb_per_s"] for r in runs + [hs_prompt])
         weights = runs[1]["weight_bytes"]
         bound = weights / (read * 1e9) * 1e3
         plain = hs_prompt["no_hooks"]["median_ms"]
-        print(f"| {dtype} | {weights / 1e6:.0f} | {hf_prompt:.0f} | {plain:.0f} | {hf_prompt / plain:.2f}x "
+        label = dtype if matmul is None else f"{dtype}, {matmul} products"
+        print(f"| {label} | {weights / 1e6:.0f} | {hf_prompt:.0f} | {plain:.0f} | {hf_prompt / plain:.2f}x "
               f"| {hf_decode:.1f} | {hs_decode:.1f} | {hf_decode / hs_decode:.2f}x | {read:.1f} "
               f"| {100 * bound / hs_decode:.0f}% |")
-        if dtype in ggufs:
+        if dtype in ggufs and matmul is None:
             cpp_prompt, cpp_decode = time_llama_cpp(ggufs[dtype], prompt_len, n, args.threads)
             print(f"| {dtype}, llama.cpp in place of transformers | | {cpp_prompt:.0f} | {plain:.0f} "
                   f"| {cpp_prompt / plain:.2f}x | {cpp_decode:.1f} | {hs_decode:.1f} | {cpp_decode / hs_decode:.2f}x | | |")

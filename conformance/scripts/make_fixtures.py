@@ -13,6 +13,10 @@ hookscope against these files, so CI needs no Python.
 Reference layout: key `prompt{k}/{site}@{step}` (site names as in SCHEMA.md), plus
 `prompt{k}/output_ids` (prompt + greedy tokens, int64). `reference.json` lists the prompts.
 
+`--bf16-references` adds `reference-bf16.safetensors` to every committed fixture: transformers'
+logits for prompt 0's prompt call with the model loaded in bfloat16 (so it also computes in it),
+against which hookscope's bf16 products are compared.
+
 `--bench-model DIR` instead writes a GPT-2-small-shaped random checkpoint for benchmarks (not
 committed: ~500 MB).
 """
@@ -629,7 +633,31 @@ def make_bench_llama(directory, size):
     finally:
         torch.set_default_dtype(torch.float32)
     model.config.dtype = torch.bfloat16
-    model.save_pretrained(Path(directory), safe_serialization=True)
+    # Shards of 2 GB: saving holds one shard's bytes beside the model, so a 7B model (13.5 GB)
+    # is written on a machine with 24 GB.
+    model.save_pretrained(Path(directory), safe_serialization=True, max_shard_size="2GB")
+
+
+def make_bf16_references():
+    """transformers' bf16 logits for each fixture's first prompt (the prompt call, every
+    position), stored as computed (bf16) under `logits`. The checkpoint is read as saved, so the weights are
+    the fixture's own, rounded to bf16 by torch (to nearest, ties to even, as hookscope does)."""
+    from transformers import AutoModelForCausalLM
+
+    RECORDER.put = lambda site, tensor: None  # the capture patches record nothing here
+    for directory in sorted(FIXTURES.iterdir()):
+        meta = directory / "reference.json"
+        if not meta.is_file():
+            continue
+        prompt = json.loads(meta.read_text())["prompts"][0]
+        model = AutoModelForCausalLM.from_pretrained(
+            directory, dtype=torch.bfloat16, experts_implementation="eager"
+        ).eval()
+        model.config._attn_implementation = "eager"
+        with torch.no_grad():
+            logits = model(torch.tensor([prompt]), use_cache=False).logits[0]
+        save_file({"logits": logits.contiguous()}, directory / "reference-bf16.safetensors")
+        print(f"{directory.name}: bf16 logits {tuple(logits.shape)}")
 
 
 def make_bench_model(directory, positions=1024):
@@ -659,6 +687,8 @@ def main():
     parser.add_argument("--bench-qwen3-next", type=Path, help="write a ~120M Qwen3-Next-shaped random model here")
     parser.add_argument("--bench-llama-1b", type=Path, help="write a ~1.1B Llama-shaped bf16 random model here")
     parser.add_argument("--bench-llama-7b", type=Path, help="write a 7B Llama-shaped bf16 random model here")
+    parser.add_argument("--bf16-references", action="store_true",
+                        help="add transformers' bf16 logits to every committed fixture")
     parser.add_argument("--only", nargs="+", choices=sorted(FAMILIES), help="make only these fixture families")
     args = parser.parse_args()
     torch.set_num_threads(min(4, os.cpu_count() or 1))
@@ -679,6 +709,9 @@ def main():
             make_bench_mamba2(args.bench_mamba2)
         if args.bench_qwen3_next:
             make_bench_qwen3_next(args.bench_qwen3_next)
+        return
+    if args.bf16_references:
+        make_bf16_references()
         return
     families = args.only or sorted(FAMILIES)
     if "gpt2-tiny" in families and args.gpt2_bpe is None:

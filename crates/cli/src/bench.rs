@@ -134,7 +134,9 @@ fn multiply_add_rounds(rounds: usize) -> f32 {
 
 /// Runs the benchmark and prints a JSON report (median and min milliseconds per variant).
 pub fn bench(args: &BenchArgs) -> Result<()> {
+    let loading = Instant::now();
     let model = args.model.load()?;
+    let load_seconds = loading.elapsed().as_secs_f64();
     let vocab = model.layout().vocab as u64;
     // A fixed linear-congruential sequence: the same prompt on every run and machine.
     let prompt: Vec<u32> = (0..args.prompt_len as u64)
@@ -212,6 +214,9 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     report.insert("new_tokens".into(), json!(args.new_tokens));
     report.insert("weight_bytes".into(), json!(model.weight_bytes()));
     report.insert("dtype".into(), json!(model.dtype().to_string()));
+    let matmul_precision = model.load_report().matmul_precision.to_string();
+    report.insert("matmul_precision".into(), json!(matmul_precision));
+    report.insert("load_seconds".into(), json!(load_seconds));
     report.insert("copy_gb_per_s".into(), json!(copy_bandwidth_gb_per_s()));
     report.insert("read_gb_per_s".into(), json!(read_bandwidth_gb_per_s()));
     report.insert("f32_peak_gflops".into(), json!(f32_peak_gflops()));

@@ -2,7 +2,7 @@
 
 use clap::{Args, ValueEnum};
 use hookscope::prelude::*;
-use hookscope::{LoadOptions, WeightDtype};
+use hookscope::{LoadOptions, MatmulPrecision, WeightDtype};
 
 /// Which model a command runs on, and how its weights are stored.
 #[derive(Debug, Args)]
@@ -15,6 +15,11 @@ pub struct ModelArg {
     /// the config's `dtype`, else the checkpoint's own, as in transformers.
     #[arg(long, value_enum, default_value_t = DtypeArg::Auto)]
     dtype: DtypeArg,
+    /// Precision activations meet the weight matrices in: f32 multiplies exactly what is
+    /// stored; bf16 (with --dtype bf16, on the CPU) rounds the activations entering each
+    /// product to bf16, about twice as fast on prompt calls with AVX-512 BF16; sums stay f32.
+    #[arg(long, value_enum, default_value_t = MatmulArg::F32)]
+    matmul_precision: MatmulArg,
     /// Where the model runs: cpu, wgpu[:N], vulkan[:N], cuda[:N] or ndarray, among the backends
     /// this build has (`hookscope devices` lists them).
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
@@ -38,15 +43,31 @@ enum DtypeArg {
     F16,
 }
 
-impl DtypeArg {
-    fn options(self) -> LoadOptions {
-        let dtype = match self {
+/// The `--matmul-precision` choices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum MatmulArg {
+    #[value(alias = "float32", alias = "highest")]
+    F32,
+    #[value(alias = "bfloat16", alias = "medium")]
+    Bf16,
+}
+
+impl ModelArg {
+    fn options(&self) -> LoadOptions {
+        let dtype = match self.dtype {
             DtypeArg::Auto => None,
             DtypeArg::F32 => Some(WeightDtype::F32),
             DtypeArg::Bf16 => Some(WeightDtype::Bf16),
             DtypeArg::F16 => Some(WeightDtype::F16),
         };
-        LoadOptions { dtype }
+        let matmul_precision = match self.matmul_precision {
+            MatmulArg::F32 => MatmulPrecision::F32,
+            MatmulArg::Bf16 => MatmulPrecision::Bf16,
+        };
+        LoadOptions {
+            dtype,
+            matmul_precision,
+        }
     }
 }
 
@@ -64,7 +85,7 @@ impl ModelArg {
             Some(spec) => ModelSource::resolve(spec)?,
             None => hookscope::default_model(),
         };
-        let model = Model::load_with(&source, &self.device.open()?, self.dtype.options())?;
+        let model = Model::load_with(&source, &self.device.open()?, self.options())?;
         for note in &model.load_report().notes {
             eprintln!("note: {note}");
         }

@@ -455,3 +455,23 @@ fn a_device_the_build_lacks_names_its_feature() {
     );
     assert!(stderr.contains("expected cpu, wgpu[:N]"), "{stderr}");
 }
+
+#[test]
+fn bf16_products_need_bf16_weights() {
+    let model = Corrupted::of("gpt2-tiny");
+    run_fails(
+        &model,
+        &["--dtype", "f16", "--matmul-precision", "bf16"],
+        &[
+            "matmul precision `bf16`: bf16 products need weights stored in bf16, and this load \
+             stores them in f16 (add --dtype bf16)",
+        ],
+    );
+    let output = Command::new(env!("CARGO_BIN_EXE_hookscope"))
+        .args(["run", model.arg(), "--prompt", "A"])
+        .args(["--dtype", "bf16", "--matmul-precision", "bf16"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(output.status.success(), "{stderr}");
+}

@@ -271,6 +271,16 @@ pub enum Error {
     /// A tensor operation failed on the device.
     #[error("tensor backend: {0}")]
     Backend(String),
+    /// A load option that does not fit the model, its weights or the device.
+    #[error("{option} `{value}`: {reason}")]
+    LoadOption {
+        /// The option.
+        option: &'static str,
+        /// Its value, as the user gave it.
+        value: String,
+        /// Why it cannot be used, and what can.
+        reason: String,
+    },
     /// A device the user named cannot be used (unknown, not built, not on this machine).
     #[error("device `{device}`: {reason}")]
     Device {

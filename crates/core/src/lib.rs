@@ -37,7 +37,9 @@ pub use error::{Error, Result};
 pub use generate::Generation;
 pub use hooks::{Interventions, Observer, Saved, SiteValue, Steps};
 pub use input::Batch;
-pub use loading::{ArchConfig, EmbeddedModel, ModelSource, WeightDtype, WeightLoader};
+pub use loading::{
+    ArchConfig, EmbeddedModel, MatmulPrecision, ModelSource, WeightDtype, WeightLoader,
+};
 pub use model::{LoadOptions, Model, Trace};
 pub use schema::{LayerSite, MixerKind, MixerSite, ModelLayout, Site};
 

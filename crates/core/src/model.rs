@@ -12,7 +12,9 @@ use crate::decoding::GenerationConfig;
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Interventions, Observer, Saved};
 use crate::input::Batch;
-use crate::loading::{ArchConfig, LoadReport, ModelSource, WeightDtype, WeightLoader, parse_json};
+use crate::loading::{
+    ArchConfig, LoadReport, MatmulPrecision, ModelSource, WeightDtype, WeightLoader, parse_json,
+};
 use crate::registry;
 use crate::schema::{ModelLayout, Site};
 use crate::tokenizer::Tokenizer;
@@ -75,6 +77,35 @@ pub struct LoadOptions {
     /// `dtype` (or `torch_dtype`), else the checkpoint's own. Products accumulate in f32 and
     /// sites are served in f32 whatever the storage.
     pub dtype: Option<WeightDtype>,
+    /// The precision activations meet the weight matrices in: f32 (the default, exact
+    /// products of the stored weights), or bf16 with bf16 weights on the CPU backend (see
+    /// [`MatmulPrecision`]).
+    pub matmul_precision: MatmulPrecision,
+}
+
+/// Refuses a matmul precision the load cannot honour: bf16 products need bf16 weights (a
+/// product of two bf16 values) and the CPU kernels.
+fn check_matmul_precision(
+    precision: MatmulPrecision,
+    dtype: WeightDtype,
+    device: &Device,
+) -> Result<()> {
+    let reason = match precision {
+        MatmulPrecision::F32 => return Ok(()),
+        MatmulPrecision::Bf16 if dtype != WeightDtype::Bf16 => format!(
+            "bf16 products need weights stored in bf16, and this load stores them in {dtype} \
+             (add --dtype bf16)"
+        ),
+        MatmulPrecision::Bf16 if !crate::nn::flex::is_flex(device) => {
+            "bf16 products run on the CPU backend only; other devices multiply in f32".to_string()
+        }
+        MatmulPrecision::Bf16 => return Ok(()),
+    };
+    Err(Error::LoadOption {
+        option: "matmul precision",
+        value: precision.to_string(),
+        reason,
+    })
 }
 
 impl Model {
@@ -102,7 +133,10 @@ impl Model {
                 _ => "",
             },
         )?;
-        let mut loader = WeightLoader::new(&checkpoint, device).with_dtype(dtype);
+        check_matmul_precision(options.matmul_precision, dtype, device)?;
+        let mut loader = WeightLoader::new(&checkpoint, device)
+            .with_dtype(dtype)
+            .with_matmul_precision(options.matmul_precision);
         let network = (arch.load)(&config, &mut loader)?;
         let mut load_report = loader.finish()?;
         let tokenizer = source.tokenizer()?;

@@ -75,7 +75,8 @@ pub fn to_py(error: hookscope::Error) -> PyErr {
         | E::UnknownArchitecture { .. }
         | E::ModelNotFound { .. }
         | E::Plugin { .. }
-        | E::InsufficientMemory { .. } => LoadError::new_err(message),
+        | E::InsufficientMemory { .. }
+        | E::LoadOption { .. } => LoadError::new_err(message),
         E::Tokenize(_) | E::InvalidInput(_) | E::NonFinite(_) => InputError::new_err(message),
         _ => Error::new_err(message),
     }

@@ -5,8 +5,8 @@ use hookscope::hooks::RequestSpecs;
 use hookscope::loading::parse_dtype_choice;
 use hookscope::schema::CallDims;
 use hookscope::{
-    Batch, Decoding, DeviceChoice, Generation, Interventions, LoadOptions, Model, ModelSource,
-    Steps, WeightDtype,
+    Batch, Decoding, DeviceChoice, Generation, Interventions, LoadOptions, MatmulPrecision, Model,
+    ModelSource, Steps, WeightDtype,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -158,20 +158,30 @@ impl PyModel {
     /// Loads `model`: a local Hugging Face directory, a hub id, or None for the embedded
     /// default model. `dtype`: the precision weights are stored in, "auto" (None: the config's
     /// `dtype`, else the checkpoint's), "float32", "bfloat16" or "float16" (also `f32`, `bf16`,
-    /// `f16`, or a torch dtype's name). `device`: "cpu" (None), or "wgpu[:N]", "vulkan[:N]",
-    /// "cuda[:N]", "ndarray" where the package was built with that backend's feature.
+    /// `f16`, or a torch dtype's name). `matmul_precision`: "float32" (None: exact products of
+    /// the stored weights) or "bfloat16" (with bf16 weights on the CPU: activations rounded to
+    /// bf16 entering each product, sums in f32; torch's "highest"/"medium" also name them).
+    /// `device`: "cpu" (None), or "wgpu[:N]", "vulkan[:N]", "cuda[:N]", "ndarray" where the
+    /// package was built with that backend's feature.
     #[new]
-    #[pyo3(signature = (model = None, *, dtype = None, device = None))]
+    #[pyo3(signature = (model = None, *, dtype = None, matmul_precision = None, device = None))]
     fn new(
         py: Python<'_>,
         model: Option<String>,
         dtype: Option<String>,
+        matmul_precision: Option<String>,
         device: Option<String>,
     ) -> PyResult<Self> {
         let dtype = match dtype {
             Some(dtype) => parse_dtype_choice(&dtype)
                 .map_err(|reason| InputError::new_err(format!("dtype={dtype:?}: {reason}")))?,
             None => None,
+        };
+        let matmul_precision = match matmul_precision {
+            Some(text) => text.parse::<MatmulPrecision>().map_err(|reason| {
+                InputError::new_err(format!("matmul_precision={text:?}: {reason}"))
+            })?,
+            None => MatmulPrecision::F32,
         };
         let device = match device {
             Some(name) => name
@@ -185,7 +195,13 @@ impl PyModel {
             None => hookscope::default_model(),
         };
         let model = py
-            .detach(|| Model::load_with(&source, &device, LoadOptions { dtype }))
+            .detach(|| {
+                let options = LoadOptions {
+                    dtype,
+                    matmul_precision,
+                };
+                Model::load_with(&source, &device, options)
+            })
             .py()?;
         Ok(PyModel {
             model: Box::new(model),

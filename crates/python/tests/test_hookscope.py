@@ -84,6 +84,13 @@ def test_weights_load_in_the_chosen_precision():
     b = half.trace(ids, save=["logits"]).saved["logits@0"]
     assert b.dtype == np.float32
     assert 0 < np.abs(a - b).max() < 0.05
+    fast = hookscope.Model(fixture, dtype="bf16", matmul_precision="bfloat16")
+    c = fast.trace(ids, save=["logits"]).saved["logits@0"]
+    assert 0 < np.abs(c - b).max() < 0.05
+    with pytest.raises(hookscope.LoadError, match="need weights stored in bf16"):
+        hookscope.Model(fixture, matmul_precision="bf16")
+    with pytest.raises(hookscope.InputError, match="not a matmul precision"):
+        hookscope.Model(fixture, matmul_precision="int8")
 
 
 def test_batches_are_left_padded_with_a_mask(default):

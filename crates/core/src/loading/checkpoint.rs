@@ -8,7 +8,7 @@ use std::path::{Path, PathBuf};
 use burn::tensor::{Device, Tensor, TensorData};
 use safetensors::tensor::{Dtype, Metadata, SafeTensors};
 
-use super::WeightDtype;
+use super::{MatmulPrecision, WeightDtype};
 use crate::error::{Error, Result};
 use crate::nn::flex::is_flex;
 use crate::nn::packed::PackedMatrix;
@@ -354,6 +354,7 @@ pub struct WeightLoader<'a> {
     source: WeightSource<'a>,
     device: Device,
     dtype: WeightDtype,
+    matmul_precision: MatmulPrecision,
     used: BTreeSet<String>,
     problems: Vec<String>,
     notes: Vec<String>,
@@ -393,6 +394,8 @@ pub struct LoadReport {
     pub weight_bytes: usize,
     /// The precision the weight matrices are stored in.
     pub dtype: WeightDtype,
+    /// The precision activations meet the weight matrices in.
+    pub matmul_precision: MatmulPrecision,
     /// What the adapter wants the user to know about the load (e.g. a part of the checkpoint
     /// it does not run).
     pub notes: Vec<String>,
@@ -415,6 +418,7 @@ impl<'a> WeightLoader<'a> {
             source,
             device: device.clone(),
             dtype: WeightDtype::F32,
+            matmul_precision: MatmulPrecision::F32,
             used: BTreeSet::new(),
             problems: Vec::new(),
             notes: Vec::new(),
@@ -435,6 +439,13 @@ impl<'a> WeightLoader<'a> {
     /// The precision weights are stored in.
     pub fn dtype(&self) -> WeightDtype {
         self.dtype
+    }
+
+    /// Multiplies activations rounded to `precision` by the weight matrices (see
+    /// [`MatmulPrecision`]; the model load checks that the choice fits the weights).
+    pub fn with_matmul_precision(mut self, precision: MatmulPrecision) -> Self {
+        self.matmul_precision = precision;
+        self
     }
 
     /// Records a problem the adapter found with the config or checkpoint; it is listed with the
@@ -597,6 +608,7 @@ impl<'a> WeightLoader<'a> {
                 match packed.first_non_finite() {
                     None => {
                         self.count(elements, self.dtype.size());
+                        let packed = packed.with_precision(self.matmul_precision);
                         return Ok(Matrix::Packed(packed));
                     }
                     Some(bad) => {
@@ -709,6 +721,7 @@ impl<'a> WeightLoader<'a> {
             parameters: self.parameters,
             weight_bytes: self.weight_bytes,
             dtype: self.dtype,
+            matmul_precision: self.matmul_precision,
             notes: self.notes,
         })
     }

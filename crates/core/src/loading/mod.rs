@@ -14,7 +14,7 @@ use serde_json::Value;
 pub(crate) use checkpoint::Bytes;
 pub use checkpoint::{Checkpoint, LoadReport, WeightLoader};
 pub(crate) use checkpoint::{Matrix, Orientation};
-pub use dtype::{WeightDtype, parse_dtype_choice};
+pub use dtype::{MatmulPrecision, WeightDtype, parse_dtype_choice};
 pub use json::ConfigFloat;
 
 use crate::error::{Error, Result};

@@ -19,13 +19,19 @@
 //! strips stay in L2 while the panels pass. The output columns are split into several tasks per
 //! thread. AVX-512 kernels are picked at run time; elsewhere a portable kernel (AVX2 with FMA
 //! where the CPU has it) computes the same products.
+//!
+//! With [`MatmulPrecision::Bf16`] the activations are rounded to bf16 as they are packed into
+//! strips. On a CPU with AVX-512 BF16 a bf16 weight's product then runs on `vdpbf16ps`, which
+//! takes two inputs per instruction and lane: strips hold bf16 pairs (inputs `2i`, `2i + 1`)
+//! and the kernel interleaves two panel rows into the same pairs. Elsewhere the rounded
+//! activations go through the f32 kernels, which compute the same exact products.
 
 use std::ops::Range;
 
 use multiversion::{multiversion, target::selected_target};
 use rayon::prelude::*;
 
-use crate::loading::WeightDtype;
+use crate::loading::{MatmulPrecision, WeightDtype};
 
 /// Output columns per packed panel: two AVX-512 vectors.
 pub(crate) const PANEL: usize = 32;
@@ -127,6 +133,7 @@ pub(crate) struct PackedMatrix {
     panels: Panels,
     d_in: usize,
     d_out: usize,
+    precision: MatmulPrecision,
 }
 
 /// A weight that is not finite once stored: its place in the `[in, out]` matrix and its value.
@@ -155,7 +162,14 @@ impl PackedMatrix {
             panels,
             d_in,
             d_out,
+            precision: MatmulPrecision::F32,
         }
+    }
+
+    /// The matrix, multiplying activations rounded to `precision`.
+    pub(crate) fn with_precision(mut self, precision: MatmulPrecision) -> Self {
+        self.precision = precision;
+        self
     }
 
     /// The precision the weights are stored in.
@@ -217,11 +231,11 @@ impl PackedMatrix {
         }
         // Left unwritten here: the first input block of every tile writes all its outputs.
         let mut y = Vec::with_capacity(rows * d_out);
-        let strips = pack_strips(x, rows, d_in);
+        let kernel = Kernel::detect(self.precision, E::DTYPE);
+        let strips = Strips::pack(kernel, self.precision, x, rows, d_in);
         let panels = d_out.div_ceil(PANEL);
         let tasks = (TASKS_PER_THREAD * rayon::current_num_threads()).clamp(1, panels);
         let output = OutputPtr(y.as_mut_ptr());
-        let kernel = Kernel::detect();
         (0..tasks).into_par_iter().for_each(|task| {
             let mine = task * panels / tasks..(task + 1) * panels / tasks;
             let product = Product {
@@ -312,22 +326,88 @@ struct OutputPtr(*mut f32);
 unsafe impl Send for OutputPtr {}
 unsafe impl Sync for OutputPtr {}
 
-/// The activations rearranged into strips of `TILE_ROWS` rows, each strip `[d_in, strip rows]`
-/// (the last strip may be narrower), so that a kernel reads its row values for one input
-/// index from consecutive floats.
-fn pack_strips(x: &[f32], rows: usize, d_in: usize) -> Vec<f32> {
-    let mut strips = vec![0.0; rows * d_in];
-    if d_in == 0 {
+/// The activations rearranged into strips of `TILE_ROWS` rows, each strip `[units, strip rows]`
+/// (the last strip may be narrower), so that a kernel reads its row values for one unit of
+/// input from consecutive elements. A unit is one input (f32), or two (bf16 pairs).
+enum Strips {
+    F32(Vec<f32>),
+    /// Inputs `2i` and `2i + 1` rounded to bf16, in the low and high half; a zero high half
+    /// past an odd last input.
+    Bf16Pairs(Vec<u32>),
+}
+
+impl Strips {
+    /// The strips `kernel` reads, with the activations rounded to `precision`.
+    fn pack(
+        kernel: Kernel,
+        precision: MatmulPrecision,
+        x: &[f32],
+        rows: usize,
+        d_in: usize,
+    ) -> Self {
+        match (kernel.reads_pairs(), precision) {
+            (true, _) => {
+                Strips::Bf16Pairs(pack_strips(x, rows, d_in, d_in.div_ceil(2), |row, i| {
+                    let bits =
+                        |k: usize| row.get(k).map_or(0, |&v| half::bf16::from_f32(v).to_bits());
+                    u32::from(bits(2 * i)) | (u32::from(bits(2 * i + 1)) << 16)
+                }))
+            }
+            (false, MatmulPrecision::F32) => {
+                Strips::F32(pack_strips(x, rows, d_in, d_in, |row, k| row[k]))
+            }
+            (false, MatmulPrecision::Bf16) => {
+                Strips::F32(pack_strips(x, rows, d_in, d_in, |row, k| {
+                    half::bf16::from_f32(row[k]).to_f32()
+                }))
+            }
+        }
+    }
+
+    /// Inputs per unit.
+    fn inputs_per_unit(&self) -> usize {
+        match self {
+            Strips::F32(_) => 1,
+            Strips::Bf16Pairs(_) => 2,
+        }
+    }
+
+    /// `len` elements from `start`.
+    fn strip(&self, start: usize, len: usize) -> Strip<'_> {
+        match self {
+            Strips::F32(values) => Strip::F32(&values[start..][..len]),
+            Strips::Bf16Pairs(pairs) => Strip::Bf16Pairs(&pairs[start..][..len]),
+        }
+    }
+}
+
+/// One tile's activations: `[units, height]`.
+#[derive(Clone, Copy)]
+enum Strip<'a> {
+    F32(&'a [f32]),
+    Bf16Pairs(&'a [u32]),
+}
+
+/// Strips of `units` values per row, where `unit(row, u)` is unit `u` of an activation row.
+fn pack_strips<T: Copy + Default + Send + Sync>(
+    x: &[f32],
+    rows: usize,
+    d_in: usize,
+    units: usize,
+    unit: impl Fn(&[f32], usize) -> T + Sync,
+) -> Vec<T> {
+    let mut strips = vec![T::default(); rows * units];
+    if units == 0 {
         return strips;
     }
     strips
-        .par_chunks_mut(TILE_ROWS * d_in)
+        .par_chunks_mut(TILE_ROWS * units)
         .zip(x.par_chunks(TILE_ROWS * d_in))
         .for_each(|(strip, x_rows)| {
-            let height = strip.len() / d_in;
-            for (k, column) in strip.chunks_exact_mut(height).enumerate() {
+            let height = strip.len() / units;
+            for (u, column) in strip.chunks_exact_mut(height).enumerate() {
                 for (r, value) in column.iter_mut().enumerate() {
-                    *value = x_rows[r * d_in + k];
+                    *value = unit(&x_rows[r * d_in..][..d_in], u);
                 }
             }
         });
@@ -340,7 +420,7 @@ struct Product<'a, E> {
     rows: &'a [PanelRow<E>],
     d_in: usize,
     d_out: usize,
-    strips: &'a [f32],
+    strips: &'a Strips,
     /// Activation rows.
     x_rows: usize,
     bias: Option<&'a [f32]>,
@@ -358,8 +438,12 @@ impl<E: Element> Product<'_, E> {
         } else {
             DEPTH_BLOCK
         };
+        let per_unit = self.strips.inputs_per_unit();
+        let units_per_row = d_in.div_ceil(per_unit);
         for depth_start in (0..d_in.max(1)).step_by(depth_block) {
             let depth = depth_block.min(d_in - depth_start);
+            // `DEPTH_BLOCK` is even: a block starts on a whole unit.
+            let (first_unit, units) = (depth_start / per_unit, depth.div_ceil(per_unit));
             for row_start in (0..rows).step_by(ROW_BLOCK) {
                 let row_end = (row_start + ROW_BLOCK).min(rows);
                 for panel in panels.clone() {
@@ -371,8 +455,10 @@ impl<E: Element> Product<'_, E> {
                         .map(|bias| &bias[first_column..first_column + columns]);
                     for strip_start in (row_start..row_end).step_by(TILE_ROWS) {
                         let height = TILE_ROWS.min(rows - strip_start);
-                        let strip = &self.strips[strip_start * d_in + depth_start * height..]
-                            [..depth * height];
+                        let strip = self.strips.strip(
+                            strip_start * units_per_row + first_unit * height,
+                            units * height,
+                        );
                         let tile = Tile {
                             strip,
                             weights,
@@ -407,8 +493,8 @@ enum Start<'a> {
 
 /// One kernel call: `height x columns` outputs over one block of inputs.
 struct Tile<'a, E> {
-    /// `[depth, height]` activations.
-    strip: &'a [f32],
+    /// `[units, height]` activations.
+    strip: Strip<'a>,
     /// `[depth]` panel rows.
     weights: &'a [PanelRow<E>],
     /// The tile's first output; rows `stride` apart.
@@ -419,47 +505,77 @@ struct Tile<'a, E> {
 }
 
 /// The kernels this CPU runs, chosen once per call.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, Debug, PartialEq)]
 enum Kernel {
+    /// bf16 pairs times bf16 weights on `vdpbf16ps`.
+    #[cfg(target_arch = "x86_64")]
+    Avx512Bf16,
     #[cfg(target_arch = "x86_64")]
     Avx512,
     Portable,
 }
 
 impl Kernel {
-    fn detect() -> Self {
+    /// The fastest kernel for activations in `precision` and weights stored in `dtype`.
+    fn detect(precision: MatmulPrecision, dtype: WeightDtype) -> Self {
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512f") {
-            return Kernel::Avx512;
+        {
+            use std::arch::is_x86_feature_detected as has;
+            if (precision, dtype) == (MatmulPrecision::Bf16, WeightDtype::Bf16)
+                && has!("avx512f")
+                && has!("avx512bw")
+                && has!("avx512bf16")
+            {
+                return Kernel::Avx512Bf16;
+            }
+            if has!("avx512f") {
+                return Kernel::Avx512;
+            }
         }
         Kernel::Portable
+    }
+
+    /// Whether the kernel reads bf16 pairs (else f32 strips).
+    fn reads_pairs(self) -> bool {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Bf16 => true,
+            _ => false,
+        }
     }
 
     /// Runs the kernel for a tile of `height` rows (1 to `TILE_ROWS`).
     fn run<E: Element>(self, height: usize, tile: &Tile<'_, E>) {
         macro_rules! by_height {
-            ($kernel:ident) => {
+            ($kernel:ident, $strip:expr) => {
                 match height {
-                    1 => $kernel::<1, E>(tile),
-                    2 => $kernel::<2, E>(tile),
-                    3 => $kernel::<3, E>(tile),
-                    4 => $kernel::<4, E>(tile),
-                    5 => $kernel::<5, E>(tile),
-                    6 => $kernel::<6, E>(tile),
-                    7 => $kernel::<7, E>(tile),
-                    8 => $kernel::<8, E>(tile),
-                    9 => $kernel::<9, E>(tile),
-                    10 => $kernel::<10, E>(tile),
-                    11 => $kernel::<11, E>(tile),
-                    _ => $kernel::<TILE_ROWS, E>(tile),
+                    1 => $kernel::<1, E>(tile, $strip),
+                    2 => $kernel::<2, E>(tile, $strip),
+                    3 => $kernel::<3, E>(tile, $strip),
+                    4 => $kernel::<4, E>(tile, $strip),
+                    5 => $kernel::<5, E>(tile, $strip),
+                    6 => $kernel::<6, E>(tile, $strip),
+                    7 => $kernel::<7, E>(tile, $strip),
+                    8 => $kernel::<8, E>(tile, $strip),
+                    9 => $kernel::<9, E>(tile, $strip),
+                    10 => $kernel::<10, E>(tile, $strip),
+                    11 => $kernel::<11, E>(tile, $strip),
+                    _ => $kernel::<TILE_ROWS, E>(tile, $strip),
                 }
             };
         }
-        match self {
+        match (self, tile.strip) {
+            // SAFETY: `detect` found AVX-512F, BW and BF16 on this CPU, and picks this kernel
+            // for bf16 weights only.
+            #[cfg(target_arch = "x86_64")]
+            (Kernel::Avx512Bf16, Strip::Bf16Pairs(pairs)) => unsafe {
+                by_height!(tile_avx512_bf16, pairs)
+            },
             // SAFETY: `detect` found AVX-512F on this CPU.
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512 => unsafe { by_height!(tile_avx512) },
-            Kernel::Portable => by_height!(tile_portable),
+            (Kernel::Avx512, Strip::F32(x)) => unsafe { by_height!(tile_avx512, x) },
+            (Kernel::Portable, Strip::F32(x)) => by_height!(tile_portable, x),
+            (kernel, _) => unreachable!("`Strips::pack` packs what {kernel:?} reads"),
         }
     }
 }
@@ -504,36 +620,109 @@ fn widen_row<E: Element>(
     }
 }
 
+/// Asks the cache for the panel rows `PREFETCH_BYTES` past `row` (prefetches never fault, so
+/// the address may lie past the panel).
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_ahead<E: Element>(row: &PanelRow<E>) {
+    use std::arch::x86_64::*;
+    let ahead = (row as *const PanelRow<E>)
+        .cast::<i8>()
+        .wrapping_add(PREFETCH_BYTES);
+    for line in 0..std::mem::size_of::<PanelRow<E>>() / 64 {
+        // SAFETY: SSE is part of x86_64.
+        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line)) };
+    }
+}
+
 /// The AVX-512 kernel: `R x 32` sums in 2R registers.
+///
+/// # Safety
+/// The CPU must have AVX-512F, `strip` must hold `tile.weights.len() * R` floats, and
+/// `tile.output` must address `R` rows of `tile.columns` writable floats, `tile.stride` apart.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+unsafe fn tile_avx512<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f32]) {
+    use std::arch::x86_64::*;
+    debug_assert_eq!(strip.len(), tile.weights.len() * R);
+    let mut sums = [[_mm512_setzero_ps(); 2]; R];
+    for (row, x) in tile.weights.iter().zip(strip.as_chunks::<R>().0) {
+        prefetch_ahead(row);
+        let (low, high) = widen_row(row);
+        for (sum, &x) in sums.iter_mut().zip(x) {
+            let x = _mm512_set1_ps(x);
+            sum[0] = _mm512_fmadd_ps(x, low, sum[0]);
+            sum[1] = _mm512_fmadd_ps(x, high, sum[1]);
+        }
+    }
+    // SAFETY: the caller's contract.
+    unsafe { store_avx512(sums, tile) }
+}
+
+/// The AVX-512 BF16 kernel: `R x 32` sums in 2R registers, two inputs per `vdpbf16ps`.
+///
+/// Two consecutive bf16 panel rows (inputs `2i` and `2i + 1`) hold, in lane `j`, columns `j`
+/// and `16 + j` each (`Element::slot`); one shift and one blend per half make the pairs
+/// `(w[2i][j], w[2i + 1][j])` that meet the strip's `(x[2i], x[2i + 1])`.
+///
+/// # Safety
+/// The CPU must have AVX-512F, BW and BF16, `E` must be bf16, `pairs` must hold
+/// `tile.weights.len().div_ceil(2) * R` pairs, and `tile.output` must address `R` rows of
+/// `tile.columns` writable floats, `tile.stride` apart.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn tile_avx512_bf16<const R: usize, E: Element>(tile: &Tile<'_, E>, pairs: &[u32]) {
+    use std::arch::x86_64::*;
+    debug_assert_eq!(E::DTYPE, WeightDtype::Bf16);
+    debug_assert_eq!(pairs.len(), tile.weights.len().div_ceil(2) * R);
+    // The high 16-bit half of every 32-bit lane.
+    const HIGH_HALVES: __mmask32 = 0xaaaa_aaaa;
+    let load = |row: &PanelRow<E>| {
+        // SAFETY: a bf16 panel row is 64 bytes, 64-byte aligned.
+        unsafe { _mm512_load_si512(row.0.as_ptr().cast()) }
+    };
+    // SAFETY: both are 512-bit vectors; `__m512bh` is 32 bf16 values, any bits.
+    let as_bf16 = |v: __m512i| unsafe { std::mem::transmute::<__m512i, __m512bh>(v) };
+    let mut sums = [[_mm512_setzero_ps(); 2]; R];
+    let mut step = |even: __m512i, odd: __m512i, x: &[u32; R]| {
+        let low = _mm512_mask_blend_epi16(HIGH_HALVES, even, _mm512_slli_epi32::<16>(odd));
+        let high = _mm512_mask_blend_epi16(HIGH_HALVES, _mm512_srli_epi32::<16>(even), odd);
+        let (low, high) = (as_bf16(low), as_bf16(high));
+        for (sum, &x) in sums.iter_mut().zip(x) {
+            let x = as_bf16(_mm512_set1_epi32(x as i32));
+            sum[0] = _mm512_dpbf16_ps(sum[0], x, low);
+            sum[1] = _mm512_dpbf16_ps(sum[1], x, high);
+        }
+    };
+    let mut rows = tile.weights.chunks_exact(2);
+    let mut x = pairs.as_chunks::<R>().0.iter();
+    for (two, x) in rows.by_ref().zip(x.by_ref()) {
+        prefetch_ahead(&two[0]);
+        prefetch_ahead(&two[1]);
+        step(load(&two[0]), load(&two[1]), x);
+    }
+    if let ([last], Some(x)) = (rows.remainder(), x.next()) {
+        step(load(last), _mm512_setzero_si512(), x);
+    }
+    // SAFETY: the caller's contract.
+    unsafe { store_avx512(sums, tile) }
+}
+
+/// Adds a tile's sums to its start (bias, zero or the partial sums) and stores them. Inlined,
+/// and given the sums by value: a call that took their address would keep them in memory, not
+/// registers, through the kernel's loop (twice the time of a prompt call).
 ///
 /// # Safety
 /// The CPU must have AVX-512F, and `tile.output` must address `R` rows of `tile.columns`
 /// writable floats, `tile.stride` apart.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-unsafe fn tile_avx512<const R: usize, E: Element>(tile: &Tile<'_, E>) {
+#[inline]
+unsafe fn store_avx512<const R: usize, E: Element>(
+    sums: [[std::arch::x86_64::__m512; 2]; R],
+    tile: &Tile<'_, E>,
+) {
     use std::arch::x86_64::*;
-    let depth = tile.weights.len();
-    debug_assert_eq!(tile.strip.len(), depth * R);
-    let mut sums = [[_mm512_setzero_ps(); 2]; R];
-    let strip = tile.strip.as_ptr();
-    let lines_per_row = std::mem::size_of::<PanelRow<E>>() / 64;
-    for (k, row) in tile.weights.iter().enumerate() {
-        // Prefetches never fault, so the address may lie past the panel.
-        let ahead = (row as *const PanelRow<E>)
-            .cast::<i8>()
-            .wrapping_add(PREFETCH_BYTES);
-        for line in 0..lines_per_row {
-            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line));
-        }
-        let (low, high) = widen_row(row);
-        for (r, sum) in sums.iter_mut().enumerate() {
-            // SAFETY: the strip holds `depth * R` floats.
-            let x = _mm512_set1_ps(unsafe { *strip.add(k * R + r) });
-            sum[0] = _mm512_fmadd_ps(x, low, sum[0]);
-            sum[1] = _mm512_fmadd_ps(x, high, sum[1]);
-        }
-    }
     let low_mask: __mmask16 = lane_mask(tile.columns.min(16));
     let high_mask: __mmask16 = lane_mask(tile.columns.saturating_sub(16));
     for (r, sum) in sums.iter().enumerate() {
@@ -571,11 +760,11 @@ fn lane_mask(lanes: usize) -> u16 {
 /// The portable kernel: the same sums, vectorised by the compiler (fused multiply-add where
 /// the target has it).
 #[multiversion(targets("x86_64+avx2+fma"))]
-fn tile_portable<const R: usize, E: Element>(tile: &Tile<'_, E>) {
+fn tile_portable<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f32]) {
     const FUSED: bool = selected_target!().supports_feature_str("fma");
     let mut sums = [[0.0f32; PANEL]; R];
     let mut weights = [0.0f32; PANEL];
-    for (row, x) in tile.weights.iter().zip(tile.strip.chunks_exact(R)) {
+    for (row, x) in tile.weights.iter().zip(strip.chunks_exact(R)) {
         for (j, w) in weights.iter_mut().enumerate() {
             *w = row.0[E::slot(j)].to_f32();
         }
@@ -635,21 +824,25 @@ mod tests {
         }
     }
 
+    /// `(rows, d_in, d_out)`: one row and several tiles, partial panels, odd input counts (a
+    /// lone last input for the pair kernel), several input and row blocks, no inputs.
+    const ODD_SHAPES: [(usize, usize, usize); 6] = [
+        (1, 1, 1),
+        (1, 37, 141),
+        (5, 300, 33),
+        (TILE_ROWS + 1, 71, 64),
+        (ROW_BLOCK + 7, DEPTH_BLOCK * 2 + 3, 97),
+        (3, 0, 5),
+    ];
+
     /// Every tile height, partial panels, several input and row blocks, both storage
     /// orientations, with and without bias, every storage precision (against the reference on
     /// the rounded weights), on both kernels.
     #[test]
     fn products_match_a_plain_reference_on_odd_sizes() {
-        let shapes = [
-            (1, 1, 1),
-            (1, 37, 141),
-            (5, 300, 33),
-            (TILE_ROWS + 1, 70, 64),
-            (ROW_BLOCK + 7, DEPTH_BLOCK * 2 + 3, 97),
-            (3, 0, 5),
-        ];
         let dtypes = [WeightDtype::F32, WeightDtype::Bf16, WeightDtype::F16];
-        for ((rows, d_in, d_out), dtype) in shapes.into_iter().flat_map(|s| dtypes.map(|d| (s, d)))
+        for ((rows, d_in, d_out), dtype) in
+            ODD_SHAPES.into_iter().flat_map(|s| dtypes.map(|d| (s, d)))
         {
             let x = matrix(rows * d_in, 1);
             let w = matrix(d_in * d_out, 2);
@@ -671,6 +864,38 @@ mod tests {
                     assert_close(&packed.multiply(&x, rows, bias), &exact, &what);
                     let portable = multiply_with(packed, &x, rows, bias, Kernel::Portable);
                     assert_close(&portable, &exact, &format!("{what}, portable kernel"));
+                }
+            }
+        }
+    }
+
+    /// With bf16 products, every kernel this CPU has computes the products of the bf16-rounded
+    /// activations and weights, on the same odd sizes (odd input counts leave a lone last
+    /// input for the pair kernel, in the last input block of several).
+    #[test]
+    fn bf16_products_match_a_reference_on_rounded_activations() {
+        let bf16 = |v: f32| half::bf16::from_f32(v).to_f32();
+        let best = Kernel::detect(MatmulPrecision::Bf16, WeightDtype::Bf16);
+        #[cfg(target_arch = "x86_64")]
+        let kernels = [best, Kernel::Avx512, Kernel::Portable];
+        #[cfg(not(target_arch = "x86_64"))]
+        let kernels = [best];
+        for (rows, d_in, d_out) in ODD_SHAPES {
+            let x = matrix(rows * d_in, 5);
+            let w = matrix(d_in * d_out, 6);
+            let bias = matrix(d_out, 7);
+            let packed =
+                PackedMatrix::pack(WeightDtype::Bf16, d_in, d_out, |k, n| w[k * d_out + n])
+                    .with_precision(MatmulPrecision::Bf16);
+            let x_rounded: Vec<f32> = x.iter().map(|&v| bf16(v)).collect();
+            let w_rounded: Vec<f32> = w.iter().map(|&v| bf16(v)).collect();
+            let exact = reference(&x_rounded, &w_rounded, Some(&bias), [rows, d_in, d_out]);
+            let what = format!("{rows}x{d_in}x{d_out} bf16 products");
+            assert_close(&packed.multiply(&x, rows, Some(&bias)), &exact, &what);
+            for kernel in kernels {
+                if !cfg!(target_arch = "x86_64") || kernel_runs_here(kernel) {
+                    let y = multiply_with(&packed, &x, rows, Some(&bias), kernel);
+                    assert_close(&y, &exact, &format!("{what}, {kernel:?}"));
                 }
             }
         }
@@ -707,6 +932,14 @@ mod tests {
         );
     }
 
+    /// Whether this CPU can run `kernel` (the pair kernel needs AVX-512 BF16, the f32 one
+    /// AVX-512F).
+    fn kernel_runs_here(kernel: Kernel) -> bool {
+        kernel == Kernel::Portable
+            || kernel == Kernel::detect(MatmulPrecision::Bf16, WeightDtype::Bf16)
+            || Kernel::detect(MatmulPrecision::F32, WeightDtype::F32) == kernel
+    }
+
     /// `multiply` with a given kernel, on one thread.
     fn multiply_with(
         packed: &PackedMatrix,
@@ -719,7 +952,7 @@ mod tests {
         if rows == 0 || packed.d_out == 0 {
             return y;
         }
-        let strips = pack_strips(x, rows, packed.d_in);
+        let strips = Strips::pack(kernel, packed.precision, x, rows, packed.d_in);
         with_rows!(&packed.panels, panel_rows => {
             let product = Product {
                 rows: panel_rows,
