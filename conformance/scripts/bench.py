@@ -58,9 +58,19 @@ def load_transformers(model_dir, dtype=None):
     return model.to(TORCH_DEVICE).eval()
 
 
-def time_transformers_forward(model_dir, prompt_len, iters, warmup, dtype=None):
+def product_weights(model_dir, weights):
+    """Weights that take part in a matrix product: all but an untied input embedding table (a
+    lookup), which the loaded `weights` count."""
+    config = json.loads((Path(model_dir) / "config.json").read_text())
+    if config.get("tie_word_embeddings", True):
+        return weights
+    hidden = config.get("hidden_size", config.get("n_embd"))
+    return weights - config["vocab_size"] * hidden
+
+
+def time_transformers_forward(model_dir, prompt_len, iters, warmup, dtype=None, batch=1):
     model = load_transformers(model_dir, dtype)
-    ids = torch.randint(0, model.config.vocab_size, (1, prompt_len), generator=torch.Generator().manual_seed(0))
+    ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(0))
     ids = ids.to(TORCH_DEVICE)
     times = []
     with torch.no_grad():
@@ -75,9 +85,10 @@ def time_transformers_forward(model_dir, prompt_len, iters, warmup, dtype=None):
 
 
 def time_hookscope(binary, model_dir, prompt_len, iters, warmup, threads, new_tokens=None, dtype=None,
-                   device=None, unhooked_only=False, matmul_precision=None):
+                   device=None, unhooked_only=False, matmul_precision=None, batch=1):
     env = dict(os.environ, RAYON_NUM_THREADS=str(threads))
     command = [binary, "bench", str(model_dir), "--prompt-len", str(prompt_len), "--iters", str(iters)]
+    command += ["--batch", str(batch)]
     command += ["--warmup", str(warmup)]
     if device is not None:
         command += ["--device", device]
@@ -93,14 +104,16 @@ def time_hookscope(binary, model_dir, prompt_len, iters, warmup, threads, new_to
     return json.loads(out.stdout)
 
 
-def time_llama_cpp(gguf, prompt_len, new_tokens, threads, iters=3):
+def time_llama_cpp(gguf, prompt_len, new_tokens, threads, iters=3, logits_all=False):
     """llama.cpp (llama-cpp-python) on a GGUF conversion: a prompt evaluation of `prompt_len`
-    tokens (llama.cpp computes logits for the last position only) and the ms/token of evaluating
-    `new_tokens` single tokens after a 10-token prompt (the forward passes of a greedy decode)."""
+    tokens (logits for the last position only, llama.cpp's default, or for every position with
+    `logits_all`, as hookscope's and transformers' prompt calls compute them) and the ms/token of
+    evaluating `new_tokens` single tokens after a 10-token prompt (the forward passes of a greedy
+    decode)."""
     from llama_cpp import Llama
 
     llm = Llama(str(gguf), n_threads=threads, n_threads_batch=threads, n_ctx=max(prompt_len, 10 + new_tokens) + 8,
-                n_batch=max(prompt_len, 16), verbose=False)
+                n_batch=max(prompt_len, 16), logits_all=logits_all, verbose=False)
     ids = torch.randint(0, llm.n_vocab(), (prompt_len,), generator=torch.Generator().manual_seed(0)).tolist()
 
     def prompt():
@@ -174,6 +187,10 @@ def main():
     parser.add_argument("--hookscope", default=str(ROOT / "target" / "release" / "hookscope"))
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--prompt-lens", type=int, nargs="+", default=[10, 128])
+    parser.add_argument("--batches", type=int, nargs="+", default=[1],
+                        help="prompts per call in the --model forward table")
+    parser.add_argument("--forward-only", action="store_true",
+                        help="time the --model forward table only (no generation)")
     parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--new-tokens", type=int, default=32)
@@ -206,7 +223,7 @@ def main():
     if args.long_context_model:
         print_long_context_table(args, args.long_context_model)
     if args.mamba_model:
-        print_recurrent_scaling(args, args.mamba_model, "Mamba", (16, 64, 256))
+        print_recurrent_scaling(args, args.mamba_model, "Mamba", (16, 64, 256, 1024))
     if args.mamba2_model:
         print_recurrent_scaling(args, args.mamba2_model, "Mamba-2", (16, 64, 256, 1024))
         print_recurrent_decode(args, args.mamba2_model, "Mamba-2")
@@ -222,22 +239,40 @@ def main():
 
 
 def print_gpt2_tables(args):
-    print("| prompt tokens | transformers forward (ms) | hookscope, no hooks (ms) | hookscope, every site saved (ms) | no hooks vs transformers | every site vs no hooks | f32 peak (GFLOPS) | transformers / hookscope, % of peak |")
+    print(f"{args.model.name}: prompt calls (f32)")
+    print("| batch x prompt tokens | transformers forward (ms) | hookscope, no hooks (ms) | hookscope, every site saved (ms) | no hooks vs transformers | every site vs no hooks | f32 peak (GFLOPS) | transformers / hookscope, % of peak |")
     print("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
-    for prompt_len in args.prompt_lens:
-        hf = time_transformers_forward(args.model, prompt_len, args.iters, args.warmup)
-        hs = time_hookscope(args.hookscope, args.model, prompt_len, args.iters, args.warmup, args.threads)
-        plain = hs["no_hooks"]["median_ms"]
-        saved = hs["save_every_site"]["median_ms"]
-        # Multiply-adds of the matrix products: every weight once per token (the tied head
-        # included, the position table's few rows counted too); attention's own products left out.
-        flops = 2 * prompt_len * hs["weight_bytes"] / 4
-        peak = hs["f32_peak_gflops"]
-        share = [100 * flops / (ms * 1e6) / peak for ms in (hf, plain)]
-        print(
-            f"| {prompt_len} | {hf:.1f} | {plain:.1f} | {saved:.1f} | {hf / plain:.2f}x speed | {saved / plain:.3f}x time "
-            f"| {peak:.0f} | {share[0]:.0f}% / {share[1]:.0f}% |"
-        )
+    for batch in args.batches:
+        for prompt_len in args.prompt_lens:
+            hf = time_transformers_forward(args.model, prompt_len, args.iters, args.warmup, "f32", batch)
+            hs = time_hookscope(args.hookscope, args.model, prompt_len, args.iters, args.warmup, args.threads,
+                                dtype="f32", batch=batch)
+            plain = hs["no_hooks"]["median_ms"]
+            saved = hs["save_every_site"]["median_ms"]
+            # Multiply-adds of the matrix products: every weight once per token (the head
+            # included, the position table's few rows counted too); attention's own products
+            # left out.
+            flops = 2 * batch * prompt_len * product_weights(args.model, hs["weight_bytes"] / 4)
+            peak = hs["f32_peak_gflops"]
+            share = [100 * flops / (ms * 1e6) / peak for ms in (hf, plain)]
+            print(
+                f"| {batch} x {prompt_len} | {hf:.1f} | {plain:.1f} | {saved:.1f} | {hf / plain:.2f}x speed "
+                f"| {saved / plain:.3f}x time | {peak:.0f} | {share[0]:.0f}% / {share[1]:.0f}% |"
+            )
+    ggufs = dict(item.split("=", 1) for item in args.llama_cpp)
+    if "f32" in ggufs:
+        print(f"\n{args.model.name}: prompt calls against llama.cpp f32 (batch 1)")
+        print("| prompt tokens | llama.cpp, last position's logits (ms) | llama.cpp, every position's logits (ms) "
+              "| hookscope, every position's logits (ms) | hookscope vs llama.cpp, like for like |")
+        print("| ---: | ---: | ---: | ---: | ---: |")
+        for prompt_len in args.prompt_lens:
+            last, _ = time_llama_cpp(ggufs["f32"], prompt_len, 2, args.threads, args.iters)
+            every, _ = time_llama_cpp(ggufs["f32"], prompt_len, 2, args.threads, args.iters, logits_all=True)
+            hs = time_hookscope(args.hookscope, args.model, prompt_len, args.iters, args.warmup, args.threads,
+                                dtype="f32", unhooked_only=True)["no_hooks"]["median_ms"]
+            print(f"| {prompt_len} | {last:.1f} | {every:.1f} | {hs:.1f} | {every / hs:.2f}x |")
+    if args.forward_only:
+        return
 
     n = args.new_tokens
     print(f"\nGreedy generation, 10-token prompt, {n} new tokens: decode ms/token")

@@ -617,9 +617,14 @@ def make_bench_llama(directory, size):
     """A Llama-shaped random model saved in bf16 (as released Llama checkpoints are), for the
     half-precision benchmarks: "1b" is TinyLlama-1.1B's shape (2048 hidden, 22 layers, 32 query /
     4 key-value heads, 5632 intermediate), "7b" is Llama-2-7B's (4096 hidden, 32 layers, 32
-    heads, 11008 intermediate); both with a 32000-token vocabulary, untied."""
+    heads, 11008 intermediate); both with a 32000-token vocabulary, untied. "small" (768 hidden,
+    12 layers, 12 query / 4 key-value heads, 2048 intermediate: 110 M parameters) is saved in f32,
+    for the f32 prompt-call benchmark beside GPT-2 small."""
     torch.manual_seed(0)
+    dtype = torch.float32 if size == "small" else torch.bfloat16
     shapes = {
+        "small": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, num_key_value_heads=4,
+                      intermediate_size=2048),
         "1b": dict(hidden_size=2048, num_hidden_layers=22, num_attention_heads=32, num_key_value_heads=4,
                    intermediate_size=5632),
         "7b": dict(hidden_size=4096, num_hidden_layers=32, num_attention_heads=32, num_key_value_heads=32,
@@ -627,12 +632,12 @@ def make_bench_llama(directory, size):
     }
     cfg = LlamaConfig(vocab_size=32000, max_position_embeddings=2048, tie_word_embeddings=False,
                       bos_token_id=1, eos_token_id=2, **shapes[size])
-    torch.set_default_dtype(torch.bfloat16)
+    torch.set_default_dtype(dtype)
     try:
         model = LlamaForCausalLM(cfg).eval()
     finally:
         torch.set_default_dtype(torch.float32)
-    model.config.dtype = torch.bfloat16
+    model.config.dtype = dtype
     # Shards of 2 GB: saving holds one shard's bytes beside the model, so a 7B model (13.5 GB)
     # is written on a machine with 24 GB.
     model.save_pretrained(Path(directory), safe_serialization=True, max_shard_size="2GB")
@@ -687,18 +692,21 @@ def main():
     parser.add_argument("--bench-qwen3-next", type=Path, help="write a ~120M Qwen3-Next-shaped random model here")
     parser.add_argument("--bench-llama-1b", type=Path, help="write a ~1.1B Llama-shaped bf16 random model here")
     parser.add_argument("--bench-llama-7b", type=Path, help="write a 7B Llama-shaped bf16 random model here")
+    parser.add_argument("--bench-llama-small", type=Path, help="write a 110M Llama-shaped f32 random model here")
     parser.add_argument("--bf16-references", action="store_true",
                         help="add transformers' bf16 logits to every committed fixture")
     parser.add_argument("--only", nargs="+", choices=sorted(FAMILIES), help="make only these fixture families")
     args = parser.parse_args()
     torch.set_num_threads(min(4, os.cpu_count() or 1))
     bench = (args.bench_model, args.bench_long_model, args.bench_mamba, args.bench_mamba2, args.bench_qwen3_next, args.bench_llama_1b,
-             args.bench_llama_7b)
+             args.bench_llama_7b, args.bench_llama_small)
     if any(bench):
         if args.bench_llama_1b:
             make_bench_llama(args.bench_llama_1b, "1b")
         if args.bench_llama_7b:
             make_bench_llama(args.bench_llama_7b, "7b")
+        if args.bench_llama_small:
+            make_bench_llama(args.bench_llama_small, "small")
         if args.bench_model:
             make_bench_model(args.bench_model)
         if args.bench_long_model:

@@ -7,13 +7,14 @@
 //!
 //! Mixer sites (`layers.{i}.self_attn.*`, alias `mixer`): `state_input`, `state_output`, then
 //! `attention_head_outputs` (the scan output `y` with the `D` skip, before the `silu(z)` gate).
-//! The prompt call scans its tokens one by one (linear in the prompt length); a decode step is
-//! one update. Both carry the convolution window and the SSM state in the cache.
+//! The prompt call scans its tokens in one pass (`nn::selective_scan`: linear in the prompt
+//! length); a decode step is one update. Both carry the convolution window and the SSM state in the cache.
 
 use hookscope_core::burn::tensor::{Tensor, activation};
 use hookscope_core::cache::RecurrentState;
 use hookscope_core::nn::{
-    Activation, CausalConv1d, Embedding, Linear, RmsNorm, residual_block, silu,
+    Activation, CausalConv1d, Embedding, Linear, RmsNorm, ScanInputs, exp, residual_block,
+    selective_scan, silu,
 };
 use hookscope_core::schema::{LayerSpec, MixerKind};
 use hookscope_core::{
@@ -229,28 +230,26 @@ impl Mamba {
         let site = |s| Site::self_attn(layer, s);
         let initial = initial.unwrap_or_else(|| Tensor::zeros([batch, e, n], &xs.device()));
         let mut state = call.visit(site(MixerSite::StateInput), initial)?;
-        // dA_t = exp(dt_t A), dBx_t = dt_t x_t B_t: [B, T, E, N].
-        let dt4 = dt.unsqueeze_dim::<4>(3);
-        let decay = (dt4.clone() * mixer.a.clone().unsqueeze::<4>()).exp();
-        let update = dt4 * xs.clone().unsqueeze_dim::<4>(3) * b.unsqueeze_dim::<4>(2);
-        let readout = |state: &Tensor<3>, t: usize| -> Tensor<3> {
-            let c_t = c.clone().slice_dim(1, t..t + 1).reshape([batch, n, 1]);
-            state.clone().matmul(c_t).reshape([batch, 1, e])
-        };
         let y = if tokens == 1 {
             // A decode step: the (possibly written) state output is what this step reads.
-            state = decay.reshape([batch, e, n]) * state + update.reshape([batch, e, n]);
+            // dA = exp(dt A), dBx = dt x B: [B, E, N].
+            let dt = dt.reshape([batch, e, 1]);
+            let decay = exp(dt.clone() * mixer.a.clone().unsqueeze::<3>());
+            let update = dt * xs.clone().reshape([batch, e, 1]) * b.reshape([batch, 1, n]);
+            state = decay * state + update;
             state = call.visit(site(MixerSite::StateOutput), state)?;
-            readout(&state, 0)
+            let c = c.reshape([batch, n, 1]);
+            state.clone().matmul(c).reshape([batch, 1, e])
         } else {
-            let mut outputs = Vec::with_capacity(tokens);
-            for t in 0..tokens {
-                let step = |x: &Tensor<4>| x.clone().slice_dim(1, t..t + 1).reshape([batch, e, n]);
-                state = step(&decay) * state + step(&update);
-                outputs.push(readout(&state, t));
-            }
-            state = call.visit(site(MixerSite::StateOutput), state)?;
-            Tensor::cat(outputs, 1)
+            let inputs = ScanInputs {
+                dt,
+                x: xs.clone(),
+                b,
+                c,
+            };
+            let (y, last) = selective_scan(&inputs, &mixer.a, state);
+            state = call.visit(site(MixerSite::StateOutput), last)?;
+            y
         };
         call.state::<RecurrentState<3>>(layer)?.state = Some(state);
         let y = y + xs * mixer.d.clone().unsqueeze::<3>();

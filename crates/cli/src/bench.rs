@@ -18,6 +18,9 @@ pub struct BenchArgs {
     /// Prompt length in tokens (ids drawn deterministically from the vocabulary).
     #[arg(long, default_value_t = 10)]
     prompt_len: usize,
+    /// Prompts per call, each of `--prompt-len` tokens (different ids per prompt).
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..))]
+    batch: u16,
     /// Timed repetitions of each variant.
     #[arg(long, default_value_t = 20)]
     iters: usize,
@@ -138,17 +141,18 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     let model = args.model.load()?;
     let load_seconds = loading.elapsed().as_secs_f64();
     let vocab = model.layout().vocab as u64;
-    // A fixed linear-congruential sequence: the same prompt on every run and machine.
-    let prompt: Vec<u32> = (0..args.prompt_len as u64)
-        .map(|i| {
-            let mixed = i
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1_442_695_040_888_963_407);
-            (mixed >> 33) % vocab.max(1)
-        })
-        .map(|id| id as u32)
-        .collect();
-    let batch = model.batch(vec![prompt])?;
+    // A fixed linear-congruential sequence: the same prompts on every run and machine.
+    let prompt = |row: u64| -> Vec<u32> {
+        (0..args.prompt_len as u64)
+            .map(|i| {
+                let mixed = (i + (row << 32))
+                    .wrapping_mul(6_364_136_223_846_793_005)
+                    .wrapping_add(1_442_695_040_888_963_407);
+                ((mixed >> 33) % vocab.max(1)) as u32
+            })
+            .collect()
+    };
+    let batch = model.batch((0..u64::from(args.batch)).map(prompt).collect())?;
     let steps = if args.new_tokens.is_some() {
         Steps::All
     } else {
@@ -211,6 +215,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         );
     }
     report.insert("prompt_len".into(), json!(args.prompt_len));
+    report.insert("batch".into(), json!(args.batch));
     report.insert("new_tokens".into(), json!(args.new_tokens));
     report.insert("weight_bytes".into(), json!(model.weight_bytes()));
     report.insert("dtype".into(), json!(model.dtype().to_string()));

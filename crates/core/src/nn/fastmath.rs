@@ -44,16 +44,22 @@ pub fn sigmoid<const D: usize>(x: Tensor<D>) -> Tensor<D> {
 #[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma"))]
 fn exp_slice(input: &[f32], output: &mut [f32]) {
     for (y, &x) in output.iter_mut().zip(input) {
-        *y = if x < -87.5 {
-            0.0
-        } else if x > 88.72 {
-            f32::INFINITY
-        } else if x > 88.0 {
-            // Past the polynomial's clamp: one factor of e taken out.
-            exp_f32(x - 1.0) * std::f32::consts::E
-        } else {
-            exp_f32(x)
-        };
+        *y = exp_full_range(x);
+    }
+}
+
+/// `e^x` for every `x`: 0 below the normal range (as `e^-inf`), infinite past `f32::MAX`.
+#[inline(always)]
+pub(super) fn exp_full_range(x: f32) -> f32 {
+    if x < -87.5 {
+        0.0
+    } else if x > 88.72 {
+        f32::INFINITY
+    } else if x > 88.0 {
+        // Past the polynomial's clamp: one factor of e taken out.
+        exp_f32(x - 1.0) * std::f32::consts::E
+    } else {
+        exp_f32(x)
     }
 }
 

@@ -16,6 +16,7 @@ mod moe;
 mod norm;
 pub(crate) mod packed;
 mod rotary;
+mod selective_scan;
 mod softmax;
 
 pub use activation::Activation;
@@ -31,4 +32,5 @@ pub use mlp::{GatedMlp, GatedMlpSpec};
 pub use moe::{MoeSpec, SparseMoe};
 pub use norm::{GatedRmsNorm, LayerNorm, RmsNorm};
 pub use rotary::{RopeScaling, Rotary};
+pub use selective_scan::{ScanInputs, selective_scan};
 pub use softmax::softmax_last;
