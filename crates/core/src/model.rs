@@ -364,8 +364,14 @@ impl Model {
         }
     }
 
-    /// One forward call, serving the engine's model-level sites around the adapter's.
+    /// One forward call, serving the engine's model-level sites around the adapter's, on one of
+    /// rayon's worker threads ([`crate::nn::on_worker`]).
     pub(crate) fn call(&self, feed: Feed<'_>, run: &mut Run<'_>) -> Result<(Tensor<3>, Tensor<2>)> {
+        crate::nn::on_worker(|| self.call_here(feed, run))
+    }
+
+    /// [`Model::call`], on the calling thread.
+    fn call_here(&self, feed: Feed<'_>, run: &mut Run<'_>) -> Result<(Tensor<3>, Tensor<2>)> {
         let layout = self.network.layout();
         let observer: Option<&mut dyn Observer> = match &mut run.observer {
             Some(observer) => Some(&mut **observer),

@@ -13,7 +13,7 @@ use crate::schema::{ModelLayout, Site};
 /// Told of every site a call serves, in the order it is served: for tools that watch the forward
 /// pass (the conformance suite checks the step-order contract with one). Observing changes
 /// nothing: not the values, and not which computation path an adapter takes.
-pub trait Observer {
+pub trait Observer: Send {
     /// `site` was served at `step`.
     fn served(&mut self, step: usize, site: Site);
 }
