@@ -364,10 +364,15 @@ impl Model {
         }
     }
 
-    /// One forward call, serving the engine's model-level sites around the adapter's, on one of
-    /// rayon's worker threads ([`crate::nn::on_worker`]).
+    /// One forward call, serving the engine's model-level sites around the adapter's. On the CPU
+    /// backend it runs on one of rayon's worker threads ([`crate::nn::on_worker`]), where the
+    /// kernels' parallel loops start at once; other backends keep the caller's thread (their
+    /// streams are per thread).
     pub(crate) fn call(&self, feed: Feed<'_>, run: &mut Run<'_>) -> Result<(Tensor<3>, Tensor<2>)> {
-        crate::nn::on_worker(|| self.call_here(feed, run))
+        match crate::nn::flex::is_flex(&self.device) {
+            true => crate::nn::on_worker(|| self.call_here(feed, run)),
+            false => self.call_here(feed, run),
+        }
     }
 
     /// [`Model::call`], on the calling thread.
