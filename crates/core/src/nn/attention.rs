@@ -1,16 +1,16 @@
 //! Softmax attention with a key/value cache, grouped-query heads and all six interior sites.
 //!
-//! Three paths give the same numbers: when no request reads or writes the scores or
+//! Four paths give the same numbers: when no request reads or writes the scores or
 //! probabilities (they are then not served at all: interior sites nobody observes may be computed
-//! by a fused kernel), a decode step on the CPU reads the cache in place
-//! ([`decode_attention`]) and other calls use burn's fused `attention`; otherwise an explicit one
-//! (scores, mask, softmax, weighted values).
+//! by a fused kernel), on the CPU a decode step reads the cache in place ([`decode_attention`])
+//! and a prompt call runs [`prompt_attention`]; on other backends calls use burn's fused
+//! `attention`; otherwise an explicit one (scores, mask, softmax, weighted values).
 
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Tensor, activation};
 
-use super::{Linear, RmsNorm, Rotary, decode_attention};
+use super::{Linear, RmsNorm, Rotary, decode_attention, prompt_attention};
 use crate::cache::KvCache;
 use crate::call::Call;
 use crate::error::Result;
@@ -67,10 +67,13 @@ impl SoftmaxAttention {
 
         let explicit = call.observes(site(MixerSite::AttentionScores))
             || call.observes(site(MixerSite::AttentionProbabilities));
-        let fused_decode = (!explicit)
-            .then(|| decode_attention::attend(&queries, &keys, &values, &mask, self.scale as f32))
-            .flatten();
-        let head_outputs = match fused_decode {
+        let scale = self.scale as f32;
+        let fused = match explicit {
+            true => None,
+            false => decode_attention::attend(&queries, &keys, &values, &mask, scale)
+                .or_else(|| prompt_attention::attend(&queries, &keys, &values, &mask, scale)),
+        };
+        let head_outputs = match fused {
             Some(head_outputs) => head_outputs,
             None => {
                 let (keys, values) = (self.repeat_kv(keys), self.repeat_kv(values));

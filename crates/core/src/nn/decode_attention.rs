@@ -22,7 +22,7 @@ const MAX_TOKENS: usize = 4;
 
 /// Rows of a rank-4 `f32` tensor: its storage, offset and element strides, the last dim
 /// contiguous.
-struct Strided<'a> {
+pub(super) struct Strided<'a> {
     data: &'a [f32],
     offset: usize,
     strides: [usize; 3],
@@ -30,7 +30,7 @@ struct Strided<'a> {
 
 impl<'a> Strided<'a> {
     /// `None` where the innermost dim is not contiguous or a stride is negative.
-    fn of(tensor: &'a FlexTensor) -> Option<Self> {
+    pub(super) fn of(tensor: &'a FlexTensor) -> Option<Self> {
         let layout = tensor.layout();
         let strides = layout.strides();
         if strides.len() != 4 || strides[3] != 1 || strides.iter().any(|&s| s < 0) {
@@ -48,7 +48,7 @@ impl<'a> Strided<'a> {
     }
 
     /// Row `[i, j, k, ..len]`.
-    fn row(&self, i: usize, j: usize, k: usize, len: usize) -> &[f32] {
+    pub(super) fn row(&self, i: usize, j: usize, k: usize, len: usize) -> &[f32] {
         let start = self.offset + i * self.strides[0] + j * self.strides[1] + k * self.strides[2];
         &self.data[start..start + len]
     }
@@ -65,36 +65,103 @@ pub(crate) fn attend(
     mask: &Tensor<4, Bool>,
     scale: f32,
 ) -> Option<Tensor<4>> {
+    if queries.dims()[2] > MAX_TOKENS {
+        return None;
+    }
+    on_host(queries, keys, values, mask, |host| {
+        let Sizes {
+            batch,
+            heads,
+            kv_heads,
+            tokens,
+            positions,
+            dim,
+        } = host.sizes;
+        let shape = Shape {
+            group: heads / kv_heads,
+            tokens,
+            positions,
+            dim,
+        };
+        let mut output = vec![0.0f32; batch * heads * tokens * dim];
+        let per_task = shape.group * tokens * dim;
+        output
+            .par_chunks_mut(per_task.max(1))
+            .enumerate()
+            .for_each(|(task, out)| {
+                let (b, kv_head) = (task / kv_heads, task % kv_heads);
+                let queries = &host.queries[task * per_task..][..per_task];
+                let mask = &host.hidden[b * tokens * positions..][..tokens * positions];
+                attend_group(
+                    &shape,
+                    queries,
+                    &host.keys,
+                    &host.values,
+                    b,
+                    kv_head,
+                    mask,
+                    scale,
+                    out,
+                );
+            });
+        output
+    })
+}
+
+/// The sizes of one attention call.
+#[derive(Clone, Copy)]
+pub(super) struct Sizes {
+    pub(super) batch: usize,
+    pub(super) heads: usize,
+    pub(super) kv_heads: usize,
+    pub(super) tokens: usize,
+    pub(super) positions: usize,
+    pub(super) dim: usize,
+}
+
+/// One attention call's operands in host memory: the queries dense `[B, NH, T, D]`, the keys
+/// and values read where they lie, the mask as booleans `[B, T, S]` (true: hidden).
+pub(super) struct HostOperands<'a> {
+    pub(super) queries: &'a [f32],
+    pub(super) keys: Strided<'a>,
+    pub(super) values: Strided<'a>,
+    pub(super) hidden: &'a [bool],
+    pub(super) sizes: Sizes,
+}
+
+/// Runs `kernel` (returning the `[B, NH, T, D]` outputs) on the call's operands in host memory;
+/// `None` where they are not there (another backend or dtype, a non-contiguous head dim) or the
+/// heads do not group.
+pub(super) fn on_host(
+    queries: &Tensor<4>,
+    keys: &Tensor<4>,
+    values: &Tensor<4>,
+    mask: &Tensor<4, Bool>,
+    kernel: impl FnOnce(&HostOperands<'_>) -> Vec<f32>,
+) -> Option<Tensor<4>> {
     let [batch, heads, tokens, dim] = queries.dims();
     let [_, kv_heads, positions, _] = keys.dims();
-    if tokens > MAX_TOKENS || kv_heads == 0 || heads % kv_heads != 0 {
+    if kv_heads == 0 || heads % kv_heads != 0 {
         return None;
     }
     let queries = f32_primitive(queries)?.to_contiguous();
     let (keys, values) = (f32_primitive(keys)?, f32_primitive(values)?);
-    let (keys, values) = (Strided::of(&keys)?, Strided::of(&values)?);
-    let mask = mask.to_data().try_to_vec::<bool>().ok()?;
-    let queries = queries.as_slice::<f32>()?;
-    let shape = Shape {
-        group: heads / kv_heads,
-        tokens,
-        positions,
-        dim,
+    let hidden = mask.to_data().try_to_vec::<bool>().ok()?;
+    let host = HostOperands {
+        queries: queries.as_slice::<f32>()?,
+        keys: Strided::of(&keys)?,
+        values: Strided::of(&values)?,
+        hidden: &hidden,
+        sizes: Sizes {
+            batch,
+            heads,
+            kv_heads,
+            tokens,
+            positions,
+            dim,
+        },
     };
-    let mut output = vec![0.0f32; batch * heads * tokens * dim];
-    let per_task = shape.group * tokens * dim;
-    output
-        .par_chunks_mut(per_task.max(1))
-        .enumerate()
-        .for_each(|(task, out)| {
-            let (b, kv_head) = (task / kv_heads, task % kv_heads);
-            let queries = &queries[task * per_task..][..per_task];
-            let mask = &mask[b * tokens * positions..][..tokens * positions];
-            attend_group(
-                &shape, queries, &keys, &values, b, kv_head, mask, scale, out,
-            );
-        });
-    let data = TensorData::new(output, [batch, heads, tokens, dim]);
+    let data = TensorData::new(kernel(&host), [batch, heads, tokens, dim]);
     Some(Tensor::from_primitive::<Flex>(FlexTensor::from_data(data)))
 }
 
@@ -221,6 +288,9 @@ mod tests {
         )
     }
 
+    /// Both fused kernels (this one for decode steps, `prompt_attention` for any number of
+    /// queries) against burn: cache views, grouped heads, padding (query rows that see no key
+    /// included) and odd sizes.
     #[test]
     fn equals_burns_attention_on_cache_views_with_groups_masks_and_odd_sizes() {
         let device = Device::flex();
@@ -230,6 +300,9 @@ mod tests {
             (2, 6, 2, 1, 33, 64, 20),
             (3, 4, 1, 3, 19, 40, 5),
             (2, 2, 2, 4, 4, 9, 64),
+            (2, 6, 3, 37, 37, 64, 64),
+            (3, 4, 2, 17, 50, 50, 24),
+            (1, 2, 1, 6, 6, 6, 3),
         ];
         for (batch, heads, kv_heads, tokens, positions, capacity, dim) in cases {
             let normal = Distribution::Normal(0.0, 1.0);
@@ -259,14 +332,26 @@ mod tests {
                 &device,
             );
             let scale = (dim as f64).powf(-0.5);
-            let ours = attend(&queries, &keys, &values, &mask, scale as f32).unwrap();
-            let expected = reference(queries, keys, values, mask, scale);
-            let difference = (ours - expected).abs().max().into_scalar::<f32>();
-            assert!(
-                difference < 1e-5,
-                "case {:?}: {difference}",
-                (batch, heads, kv_heads, tokens, positions, capacity, dim)
+            let expected = reference(
+                queries.clone(),
+                keys.clone(),
+                values.clone(),
+                mask.clone(),
+                scale,
             );
+            type Kernel =
+                fn(&Tensor<4>, &Tensor<4>, &Tensor<4>, &Tensor<4, Bool>, f32) -> Option<Tensor<4>>;
+            let prompt: Kernel = super::super::prompt_attention::attend;
+            let decode: Option<Kernel> = (tokens <= MAX_TOKENS).then_some(attend);
+            for kernel in [Some(prompt), decode].into_iter().flatten() {
+                let ours = kernel(&queries, &keys, &values, &mask, scale as f32).unwrap();
+                let difference = (ours - expected.clone()).abs().max().into_scalar::<f32>();
+                assert!(
+                    difference < 1e-5,
+                    "case {:?}: {difference}",
+                    (batch, heads, kv_heads, tokens, positions, capacity, dim)
+                );
+            }
         }
     }
 

@@ -16,6 +16,7 @@ mod moe;
 mod norm;
 pub(crate) mod packed;
 mod pool;
+mod prompt_attention;
 mod rotary;
 mod selective_scan;
 mod softmax;

@@ -708,16 +708,16 @@ unsafe fn tile_avx512_bf16<const R: usize, E: Element>(tile: &Tile<'_, E>, pairs
     unsafe { store_avx512(sums, tile) }
 }
 
-/// Adds a tile's sums to its start (bias, zero or the partial sums) and stores them. Inlined,
-/// and given the sums by value: a call that took their address would keep them in memory, not
-/// registers, through the kernel's loop (twice the time of a prompt call).
+/// Adds a tile's sums to its start (bias, zero or the partial sums) and stores them. Always
+/// inlined into the kernels (so it carries no `target_feature` of its own, which would keep it a
+/// call): a call passes the sums through memory, and one that took their address kept them
+/// there through the kernel's loop (twice the time of a prompt call).
 ///
 /// # Safety
 /// The CPU must have AVX-512F, and `tile.output` must address `R` rows of `tile.columns`
 /// writable floats, `tile.stride` apart.
 #[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[inline]
+#[inline(always)]
 unsafe fn store_avx512<const R: usize, E: Element>(
     sums: [[std::arch::x86_64::__m512; 2]; R],
     tile: &Tile<'_, E>,
