@@ -8,13 +8,14 @@
 //! Mixer sites (`layers.{i}.self_attn.*`, alias `mixer`): `state_input`, `state_output`, then
 //! `attention_head_outputs` (the scan output `y` with the `D` skip, before the `silu(z)` gate).
 //! The prompt call scans its tokens in one pass (`nn::selective_scan`: linear in the prompt
-//! length); a decode step is one update. Both carry the convolution window and the SSM state in the cache.
+//! length); a decode step is one update (`nn::selective_step`). Both carry the convolution
+//! window and the SSM state in the cache.
 
 use hookscope_core::burn::tensor::{Tensor, activation};
 use hookscope_core::cache::RecurrentState;
 use hookscope_core::nn::{
-    Activation, CausalConv1d, Embedding, Linear, RmsNorm, ScanInputs, exp, residual_block,
-    selective_scan, silu,
+    Activation, CausalConv1d, Embedding, Linear, RmsNorm, ScanInputs, residual_block,
+    selective_readout, selective_scan, selective_step, silu,
 };
 use hookscope_core::schema::{LayerSpec, MixerKind};
 use hookscope_core::{
@@ -232,14 +233,10 @@ impl Mamba {
         let mut state = call.visit(site(MixerSite::StateInput), initial)?;
         let y = if tokens == 1 {
             // A decode step: the (possibly written) state output is what this step reads.
-            // dA = exp(dt A), dBx = dt x B: [B, E, N].
-            let dt = dt.reshape([batch, e, 1]);
-            let decay = exp(dt.clone() * mixer.a.clone().unsqueeze::<3>());
-            let update = dt * xs.clone().reshape([batch, e, 1]) * b.reshape([batch, 1, n]);
-            state = decay * state + update;
+            let (dt, x) = (dt.reshape([batch, e]), xs.clone().reshape([batch, e]));
+            state = selective_step(dt, x, b.reshape([batch, n]), &mixer.a, state);
             state = call.visit(site(MixerSite::StateOutput), state)?;
-            let c = c.reshape([batch, n, 1]);
-            state.clone().matmul(c).reshape([batch, 1, e])
+            selective_readout(&state, c.reshape([batch, n])).reshape([batch, 1, e])
         } else {
             let inputs = ScanInputs {
                 dt,

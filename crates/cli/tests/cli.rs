@@ -371,12 +371,21 @@ fn bench_runs_in_a_debug_build() {
         "bench",
         "--prompt-len",
         "6",
+        "--batch",
+        "3",
         "--iters",
         "1",
         "--warmup",
         "0",
     ]);
     assert!(bench.status.success(), "{}", stderr(&bench));
+    let report: serde_json::Value = serde_json::from_str(&stdout(&bench)).unwrap();
+    assert_eq!(report["batch"], 3);
+    assert_eq!(report["matmul_precision"], "f32");
+    assert!(report["load_seconds"].as_f64().unwrap() > 0.0);
+    let empty = hookscope(&["bench", "--batch", "0"]);
+    assert_eq!(empty.status.code(), Some(2), "{}", stderr(&empty));
+    assert!(stderr(&empty).contains("--batch"), "{}", stderr(&empty));
 }
 
 /// SIGTERM while `extract` waits for its prompts: the signal watch cleans up and exits 130.

@@ -69,31 +69,19 @@ pub(crate) fn attend(
         return None;
     }
     on_host(queries, keys, values, mask, |host| {
-        let Sizes {
-            batch,
-            heads,
-            kv_heads,
-            tokens,
-            positions,
-            dim,
-        } = host.sizes;
-        let shape = Shape {
-            group: heads / kv_heads,
-            tokens,
-            positions,
-            dim,
-        };
-        let mut output = vec![0.0f32; batch * heads * tokens * dim];
-        let per_task = shape.group * tokens * dim;
+        let sizes = host.sizes;
+        let (tokens, positions) = (sizes.tokens, sizes.positions);
+        let per_task = sizes.heads / sizes.kv_heads * tokens * sizes.dim;
+        let mut output = vec![0.0f32; sizes.kv_heads * sizes.batch * per_task];
         output
             .par_chunks_mut(per_task.max(1))
             .enumerate()
             .for_each(|(task, out)| {
-                let (b, kv_head) = (task / kv_heads, task % kv_heads);
+                let (b, kv_head) = (task / sizes.kv_heads, task % sizes.kv_heads);
                 let queries = &host.queries[task * per_task..][..per_task];
                 let mask = &host.hidden[b * tokens * positions..][..tokens * positions];
                 attend_group(
-                    &shape,
+                    &sizes,
                     queries,
                     &host.keys,
                     &host.values,
@@ -165,20 +153,12 @@ pub(super) fn on_host(
     Some(Tensor::from_primitive::<Flex>(FlexTensor::from_data(data)))
 }
 
-/// The sizes one task works with.
-struct Shape {
-    group: usize,
-    tokens: usize,
-    positions: usize,
-    dim: usize,
-}
-
 /// One key/value head of one batch row: the `group · T` query rows it serves (`queries`, in
 /// `[group, T, D]` order) into `out` (same order).
 #[allow(clippy::too_many_arguments)]
 #[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma"))]
 fn attend_group<'a>(
-    shape: &Shape,
+    sizes: &Sizes,
     queries: &[f32],
     keys: &Strided<'a>,
     values: &Strided<'a>,
@@ -188,12 +168,12 @@ fn attend_group<'a>(
     scale: f32,
     out: &mut [f32],
 ) {
-    let Shape { positions, dim, .. } = *shape;
+    let (positions, dim) = (sizes.positions, sizes.dim);
     let mut scores = vec![0.0f32; positions];
     for ((query, out), row) in queries
         .chunks_exact(dim)
         .zip(out.chunks_exact_mut(dim))
-        .zip((0..shape.tokens).cycle())
+        .zip((0..sizes.tokens).cycle())
     {
         let visible = &mask[row * positions..][..positions];
         let mut max = f32::NEG_INFINITY;

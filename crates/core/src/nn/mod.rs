@@ -35,5 +35,5 @@ pub use moe::{MoeSpec, SparseMoe};
 pub use norm::{GatedRmsNorm, LayerNorm, RmsNorm};
 pub use pool::on_worker;
 pub use rotary::{RopeScaling, Rotary};
-pub use selective_scan::{ScanInputs, selective_scan};
+pub use selective_scan::{ScanInputs, selective_readout, selective_scan, selective_step};
 pub use softmax::softmax_last;

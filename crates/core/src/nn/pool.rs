@@ -14,3 +14,23 @@ pub fn on_worker<R: Send>(work: impl FnOnce() -> R + Send) -> R {
         None => rayon::scope(|_| work()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// From a thread outside the pool the work moves onto a worker; on a worker it stays put.
+    #[test]
+    fn work_runs_on_a_worker_thread() {
+        let outside = std::thread::spawn(|| {
+            assert_eq!(rayon::current_thread_index(), None);
+            on_worker(rayon::current_thread_index)
+        });
+        assert!(outside.join().unwrap().is_some());
+        let inside = rayon::scope(|_| {
+            let here = std::thread::current().id();
+            on_worker(move || std::thread::current().id() == here)
+        });
+        assert!(inside);
+    }
+}

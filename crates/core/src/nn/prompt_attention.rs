@@ -14,7 +14,7 @@ use burn::tensor::{Bool, Tensor};
 use multiversion::multiversion;
 use rayon::prelude::*;
 
-use super::decode_attention::{Strided, on_host};
+use super::decode_attention::{Sizes, Strided, on_host};
 use super::fastmath::exp_f32;
 
 /// Query rows computed together: each key and value row loaded serves all of them.
@@ -37,12 +37,17 @@ pub(crate) fn attend(
     on_host(queries, keys, values, mask, |host| {
         let sizes = host.sizes;
         let (heads, tokens, positions) = (sizes.heads, sizes.tokens, sizes.positions);
-        let head = Head {
-            tokens,
-            positions,
-            dim: sizes.dim,
-            scale,
-        };
+        // Past the last visible key of each query row nothing is computed: its end, per batch
+        // row and query row (the mask is shared by every head).
+        let ends: Vec<usize> = host
+            .hidden
+            .chunks_exact(positions.max(1))
+            .map(|row| {
+                row.iter()
+                    .rposition(|&hidden| !hidden)
+                    .map_or(0, |last| last + 1)
+            })
+            .collect();
         let per_head = tokens * sizes.dim;
         let mut output = vec![0.0f32; sizes.batch * heads * per_head];
         output
@@ -57,23 +62,16 @@ pub(crate) fn attend(
                     b,
                     kv_head: h / (heads / sizes.kv_heads),
                     hidden: &host.hidden[b * tokens * positions..][..tokens * positions],
+                    ends: &ends[b * tokens..][..tokens],
                 };
-                attend_head(&head, &operands, out);
+                attend_head(&sizes, scale, &operands, out);
             });
         output
     })
 }
 
-/// The sizes and scale every head shares.
-struct Head {
-    tokens: usize,
-    positions: usize,
-    dim: usize,
-    scale: f32,
-}
-
 /// One query head's operands: its queries `[T, D]`, its key/value head, and its batch row's
-/// mask `[T, S]`.
+/// mask `[T, S]` with each query row's end (one past its last visible key).
 struct HeadOperands<'a> {
     queries: &'a [f32],
     keys: &'a Strided<'a>,
@@ -81,17 +79,13 @@ struct HeadOperands<'a> {
     b: usize,
     kv_head: usize,
     hidden: &'a [bool],
+    ends: &'a [usize],
 }
 
 /// One query head into `out` `[T, D]`.
 #[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma"))]
-fn attend_head<'a>(head: &Head, operands: &HeadOperands<'a>, out: &mut [f32]) {
-    let Head {
-        tokens,
-        positions,
-        dim,
-        scale,
-    } = *head;
+fn attend_head<'a>(sizes: &Sizes, scale: f32, operands: &HeadOperands<'a>, out: &mut [f32]) {
+    let (tokens, positions, dim) = (sizes.tokens, sizes.positions, sizes.dim);
     // The keys transposed: `[D, blocks]` of `KEYS` positions each, zero past the last.
     let padded_blocks = positions.div_ceil(KEYS);
     let padded = padded_blocks * KEYS;
@@ -104,27 +98,25 @@ fn attend_head<'a>(head: &Head, operands: &HeadOperands<'a>, out: &mut [f32]) {
             transposed[d * padded_blocks + position / KEYS][position % KEYS] = value;
         }
     }
-    // Past the last visible key of each row nothing is computed.
-    let ends: Vec<usize> = operands
-        .hidden
-        .chunks_exact(positions.max(1))
-        .map(|row| {
-            row.iter()
-                .rposition(|&hidden| !hidden)
-                .map_or(0, |last| last + 1)
-        })
-        .take(tokens)
-        .collect();
     // The block's scaled scores, `[ROWS, padded]`, then its weights in place.
     let mut scores = vec![0.0f32; ROWS * padded];
     // The block's queries, `[D]` of `ROWS` lanes.
     let mut query = vec![[0.0f32; ROWS]; dim];
     for first in (0..tokens).step_by(ROWS) {
         let rows = ROWS.min(tokens - first);
-        let end = ends[first..first + rows].iter().copied().max().unwrap_or(0);
+        let end = operands.ends[first..first + rows]
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0);
+        // Lanes past the block's last row are zero: their scores and weighted values are
+        // computed alongside (whole vectors) and never stored.
         for (d, lanes) in query.iter_mut().enumerate() {
-            for (r, lane) in lanes.iter_mut().enumerate().take(rows) {
-                *lane = operands.queries[(first + r) * dim + d];
+            for (r, lane) in lanes.iter_mut().enumerate() {
+                *lane = match r < rows {
+                    true => operands.queries[(first + r) * dim + d],
+                    false => 0.0,
+                };
             }
         }
         for block in 0..end.div_ceil(KEYS) {

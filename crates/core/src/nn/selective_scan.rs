@@ -18,7 +18,7 @@ use burn::tensor::{Tensor, TensorData};
 use multiversion::multiversion;
 use rayon::prelude::*;
 
-use super::fastmath::exp_full_range;
+use super::fastmath::{exp, exp_full_range};
 use super::flex::f32_primitive;
 
 /// Channels one task scans together, one per vector lane.
@@ -50,25 +50,47 @@ pub fn selective_scan(
     }
 }
 
+/// One position's update of the states `[B, E, N]`, `h = exp(dt A) h + dt x B`, from the
+/// position's step sizes and inputs `[B, E]` and input projection `[B, N]`: a decode step, and
+/// each position of the scan on backends without the fused pass.
+pub fn selective_step(
+    dt: Tensor<2>,
+    x: Tensor<2>,
+    b: Tensor<2>,
+    a: &Tensor<2>,
+    state: Tensor<3>,
+) -> Tensor<3> {
+    let [batch, e] = dt.dims();
+    let n = a.dims()[1];
+    let dt = dt.reshape([batch, e, 1]);
+    let decay = exp(dt.clone() * a.clone().unsqueeze::<3>());
+    let update = dt * x.reshape([batch, e, 1]) * b.reshape([batch, 1, n]);
+    decay * state + update
+}
+
+/// A position's outputs `[B, E]`: the states `[B, E, N]` read through its output projection
+/// `c` `[B, N]`.
+pub fn selective_readout(state: &Tensor<3>, c: Tensor<2>) -> Tensor<2> {
+    let [batch, e, n] = state.dims();
+    state
+        .clone()
+        .matmul(c.reshape([batch, n, 1]))
+        .reshape([batch, e])
+}
+
 /// The recurrence as tensor operations, one position at a time (any backend).
 fn stepwise(inputs: &ScanInputs, a: &Tensor<2>, initial: Tensor<3>) -> (Tensor<3>, Tensor<3>) {
-    let [batch, tokens, e] = inputs.dt.dims();
-    let n = a.dims()[1];
-    let dt = inputs.dt.clone().unsqueeze_dim::<4>(3);
-    let decay = (dt.clone() * a.clone().unsqueeze::<4>()).exp();
-    let update =
-        dt * inputs.x.clone().unsqueeze_dim::<4>(3) * inputs.b.clone().unsqueeze_dim::<4>(2);
+    let [batch, tokens, _] = inputs.dt.dims();
+    let at = |x: &Tensor<3>, t: usize| {
+        let width = x.dims()[2];
+        x.clone().slice_dim(1, t..t + 1).reshape([batch, width])
+    };
     let mut state = initial;
     let mut outputs = Vec::with_capacity(tokens);
     for t in 0..tokens {
-        let step = |x: &Tensor<4>| x.clone().slice_dim(1, t..t + 1).reshape([batch, e, n]);
-        state = step(&decay) * state + step(&update);
-        let c_t = inputs
-            .c
-            .clone()
-            .slice_dim(1, t..t + 1)
-            .reshape([batch, n, 1]);
-        outputs.push(state.clone().matmul(c_t).reshape([batch, 1, e]));
+        let (dt, x, b) = (at(&inputs.dt, t), at(&inputs.x, t), at(&inputs.b, t));
+        state = selective_step(dt, x, b, a, state);
+        outputs.push(selective_readout(&state, at(&inputs.c, t)).unsqueeze_dim::<3>(1));
     }
     (Tensor::cat(outputs, 1), state)
 }
