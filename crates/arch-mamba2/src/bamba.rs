@@ -8,7 +8,7 @@
 //! window and SSM state) in the one model cache.
 
 use hookscope_core::burn::tensor::Tensor;
-use hookscope_core::loading::ConfigFloat;
+use hookscope_core::config::ConfigFloat;
 use hookscope_core::nn::{
     Activation, DecoderLayer, Embedding, GatedMlp, GatedMlpSpec, HybridDecoder, LayerMixer, Linear,
     ProjectedAttention, ProjectedAttentionSpec, RmsNorm, RopeScaling, Rotary,

@@ -3,7 +3,7 @@
 //! are RMSNorm and a Mamba-2 mixer with a residual, no MLP.
 
 use hookscope_core::burn::tensor::Tensor;
-use hookscope_core::loading::ConfigFloat;
+use hookscope_core::config::ConfigFloat;
 use hookscope_core::nn::{Activation, Embedding, Linear, Mixer, RmsNorm, residual_block};
 use hookscope_core::schema::LayerSpec;
 use hookscope_core::{ArchConfig, Call, CausalLm, ModelLayout, Result, Site, WeightLoader};

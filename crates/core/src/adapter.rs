@@ -5,9 +5,10 @@ use burn::tensor::Tensor;
 
 use crate::cache::ModelCache;
 use crate::call::Call;
+use crate::config::ArchConfig;
 use crate::error::Result;
-use crate::loading::{ArchConfig, WeightLoader};
 use crate::schema::ModelLayout;
+use crate::weights::WeightLoader;
 
 /// An architecture's forward pass. Implementations serve every site they declare through
 /// [`Call::visit`], in contract order, from `token_embeddings` to the last `layer_output`;

@@ -9,7 +9,8 @@
 use std::fmt;
 use std::str::FromStr;
 
-use burn::tensor::Device;
+use burn::backend::Flex;
+use burn::tensor::{Device, Tensor};
 
 use crate::error::{Error, Result};
 
@@ -222,6 +223,14 @@ impl FromStr for DeviceChoice {
     }
 }
 
+/// Whether `device` is the CPU backend (`flex`), where weights are packed and hookscope's own
+/// kernels (`crate::cpu`) run. This is the one place that asks which backend a device is.
+pub fn is_cpu(device: &Device) -> bool {
+    Tensor::<1>::zeros([0], device)
+        .try_into_primitive::<Flex>()
+        .is_ok()
+}
+
 /// A human name for `device`: the adapter's own name where the backend reports one (a GPU, or
 /// a software rasterizer such as lavapipe), else what the backend is.
 pub fn describe(device: &Device) -> String {
@@ -229,7 +238,7 @@ pub fn describe(device: &Device) -> String {
     if let Some(identity) = device.identity() {
         return identity.name;
     }
-    if crate::nn::flex::is_flex(device) {
+    if is_cpu(device) {
         return "the CPU (burn-flex, with hookscope's packed kernels)".to_string();
     }
     format!("{device:?}")
@@ -271,7 +280,7 @@ mod tests {
     #[test]
     fn the_cpu_is_always_built_and_a_missing_backend_names_its_feature() {
         let cpu = DeviceChoice::Cpu.open().unwrap();
-        assert!(crate::nn::flex::is_flex(&cpu));
+        assert!(is_cpu(&cpu));
         #[cfg(not(feature = "cuda"))]
         {
             let error = DeviceChoice::Cuda(None).open().unwrap_err().to_string();

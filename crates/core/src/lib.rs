@@ -12,6 +12,9 @@ pub mod adapter;
 pub mod analysis;
 pub mod cache;
 pub mod call;
+pub mod checkpoint;
+pub mod config;
+mod cpu;
 pub mod decoding;
 pub mod device;
 pub mod error;
@@ -19,29 +22,32 @@ pub mod extract;
 pub mod generate;
 pub mod hooks;
 pub mod input;
-pub mod loading;
 pub mod memory;
 pub mod model;
 pub mod nn;
 pub mod output;
 pub mod plugin;
+pub mod precision;
 pub mod registry;
 pub mod schema;
+pub mod source;
 pub mod tokenizer;
+pub mod weights;
 
 pub use adapter::{Architecture, CausalLm};
 pub use call::Call;
+pub use config::ArchConfig;
 pub use decoding::{Decoding, GenerationConfig};
 pub use device::DeviceChoice;
 pub use error::{Error, Result};
 pub use generate::Generation;
 pub use hooks::{Interventions, Observer, Saved, SiteValue, Steps};
 pub use input::Batch;
-pub use loading::{
-    ArchConfig, EmbeddedModel, MatmulPrecision, ModelSource, WeightDtype, WeightLoader,
-};
 pub use model::{LoadOptions, Model, Trace};
+pub use precision::{MatmulPrecision, WeightDtype};
 pub use schema::{LayerSite, MixerKind, MixerSite, ModelLayout, Site};
+pub use source::{EmbeddedModel, ModelSource};
+pub use weights::WeightLoader;
 
 /// Re-exported so adapters register with the same `inventory` and `burn` as core.
 pub use burn;

@@ -8,16 +8,19 @@ use burn::tensor::{Device, Int, Tensor, TensorData};
 use crate::adapter::{Architecture, CausalLm};
 use crate::cache::ModelCache;
 use crate::call::Call;
+use crate::checkpoint::auto_dtype;
+use crate::config::{ArchConfig, parse_json};
 use crate::decoding::GenerationConfig;
+use crate::device::is_cpu;
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Interventions, Observer, Saved};
 use crate::input::Batch;
-use crate::loading::{
-    ArchConfig, LoadReport, MatmulPrecision, ModelSource, WeightDtype, WeightLoader, parse_json,
-};
+use crate::precision::{MatmulPrecision, WeightDtype};
 use crate::registry;
 use crate::schema::{ModelLayout, Site};
+use crate::source::ModelSource;
 use crate::tokenizer::Tokenizer;
+use crate::weights::{LoadReport, WeightLoader};
 
 /// The result of one forward trace.
 #[derive(Debug, Clone)]
@@ -96,7 +99,7 @@ fn check_matmul_precision(
             "bf16 products need weights stored in bf16, and this load stores them in {dtype} \
              (add --dtype bf16)"
         ),
-        MatmulPrecision::Bf16 if !crate::nn::flex::is_flex(device) => {
+        MatmulPrecision::Bf16 if !is_cpu(device) => {
             "bf16 products run on the CPU backend only; other devices multiply in f32".to_string()
         }
         MatmulPrecision::Bf16 => return Ok(()),
@@ -124,7 +127,7 @@ impl Model {
         let checkpoint = source.checkpoint()?;
         let dtype = options
             .dtype
-            .unwrap_or_else(|| WeightDtype::auto(&config.json, Some(&checkpoint)));
+            .unwrap_or_else(|| auto_dtype(&config.json, Some(&checkpoint)));
         crate::memory::ensure_fits(
             || format!("loading {} in {dtype}", source.origin().display()),
             checkpoint.bytes_as(dtype),
@@ -365,12 +368,12 @@ impl Model {
     }
 
     /// One forward call, serving the engine's model-level sites around the adapter's. On the CPU
-    /// backend it runs on one of rayon's worker threads ([`crate::nn::on_worker`]), where the
+    /// backend it runs on one of rayon's worker threads ([`crate::cpu::on_worker`]), where the
     /// kernels' parallel loops start at once; other backends keep the caller's thread (their
     /// streams are per thread).
     pub(crate) fn call(&self, feed: Feed<'_>, run: &mut Run<'_>) -> Result<(Tensor<3>, Tensor<2>)> {
-        match crate::nn::flex::is_flex(&self.device) {
-            true => crate::nn::on_worker(|| self.call_here(feed, run)),
+        match is_cpu(&self.device) {
+            true => crate::cpu::on_worker(|| self.call_here(feed, run)),
             false => self.call_here(feed, run),
         }
     }

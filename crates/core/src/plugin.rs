@@ -6,8 +6,11 @@
 //! identical builds, so the host first reads the plugin's ABI fingerprint through a C-ABI symbol
 //! and refuses the plugin, before calling anything else in it, unless it equals its own: same
 //! hookscope-core version and a hash of its source, schema version, adapter interface version,
-//! rustc, target and burn backend features. The registry owns what a plugin adds ([`crate::registry::add`]). A loaded
-//! plugin is never unloaded (its code and vtables outlive every model it built).
+//! rustc, target, burn (version and dependency spec with its features), the backend features
+//! enabled on hookscope-core, and the sizes of the burn types that cross the boundary. Each is
+//! derived from the build itself (`build.rs`), none written by hand. The registry owns what a
+//! plugin adds ([`crate::registry::add`]). A loaded plugin is never unloaded (its code and
+//! vtables outlive every model it built).
 
 use std::ffi::{CStr, c_char};
 use std::path::{Path, PathBuf};
@@ -24,9 +27,6 @@ pub const SCHEMA_VERSION: u32 = 1;
 /// context): bumped whenever a plugin built against the previous one would not fit.
 pub const ADAPTER_VERSION: u32 = 3;
 
-/// The burn backend features this workspace pins (`[workspace.dependencies]`).
-const BACKEND: &str = "burn 0.22.1 flex+simd+rayon+x86-v4";
-
 /// Symbol returning the plugin's fingerprint as a NUL-terminated C string.
 pub const FINGERPRINT_SYMBOL: &[u8] = b"hookscope_plugin_fingerprint\0";
 /// Symbol returning the plugin's `&'static Architecture` (Rust ABI; called only after the
@@ -37,11 +37,15 @@ pub const ARCHITECTURE_SYMBOL: &[u8] = b"hookscope_plugin_architecture\0";
 pub fn abi_fingerprint() -> String {
     format!(
         "hookscope-core={}; source={}; schema={SCHEMA_VERSION}; adapter={ADAPTER_VERSION}; \
-         rustc={}; target={}; backend={BACKEND}",
+         rustc={}; target={}; burn={}; backends={}; layout=Device:{},Tensor:{}",
         env!("CARGO_PKG_VERSION"),
         env!("HOOKSCOPE_CORE_SOURCE"),
         env!("HOOKSCOPE_RUSTC_VERSION"),
         env!("HOOKSCOPE_TARGET"),
+        env!("HOOKSCOPE_BURN"),
+        env!("HOOKSCOPE_BACKEND_FEATURES"),
+        std::mem::size_of::<burn::tensor::Device>(),
+        std::mem::size_of::<burn::tensor::Tensor<2>>(),
     )
 }
 
@@ -91,8 +95,9 @@ pub fn load(path: &Path) -> Result<&'static Architecture> {
             fingerprint_mismatch(&fingerprint, &host),
         ));
     }
-    // SAFETY: the fingerprints match, so the plugin was built by the same compiler from the
-    // same hookscope-core and burn: `Architecture` has the same layout on both sides.
+    // SAFETY: the fingerprints match, so the plugin was built by the same compiler for the same
+    // target from the same hookscope-core source and the same burn with the same backend
+    // features: `Architecture` and everything it reaches have the same layout on both sides.
     let arch = unsafe {
         let symbol = library
             .get::<fn() -> &'static Architecture>(ARCHITECTURE_SYMBOL)
@@ -178,6 +183,49 @@ mod tests {
         assert!(
             message.contains("schema: plugin `2`, host `1`"),
             "{message}"
+        );
+    }
+
+    /// A real library whose fingerprint says it was built with other backend features (burn's
+    /// `Device` then has other variants) is refused before anything else of it is called, and
+    /// the message names the field.
+    #[test]
+    fn a_plugin_built_with_other_backend_features_is_refused_by_name() {
+        let host = abi_fingerprint();
+        let ours = env!("HOOKSCOPE_BACKEND_FEATURES");
+        let theirs = if ours.contains("cuda") {
+            "flex"
+        } else {
+            "flex+cuda"
+        };
+        let plugin = host.replace(&format!("backends={ours}"), &format!("backends={theirs}"));
+        assert_ne!(plugin, host, "the fingerprint names its backend features");
+        let dir = tempfile::tempdir().unwrap();
+        let source = dir.path().join("plugin.rs");
+        std::fs::write(
+            &source,
+            format!(
+                "#[unsafe(no_mangle)]\npub extern \"C\" fn hookscope_plugin_fingerprint() -> \
+                 *const std::ffi::c_char {{ concat!({plugin:?}, \"\\0\").as_ptr().cast() }}\n"
+            ),
+        )
+        .unwrap();
+        let library = dir.path().join(format!(
+            "{}other_backends{}",
+            std::env::consts::DLL_PREFIX,
+            std::env::consts::DLL_SUFFIX
+        ));
+        let built = std::process::Command::new(env!("HOOKSCOPE_RUSTC"))
+            .args(["--edition", "2024", "--crate-type", "cdylib", "-o"])
+            .arg(&library)
+            .arg(&source)
+            .status()
+            .unwrap();
+        assert!(built.success(), "rustc builds the stand-in plugin");
+        let error = load(&library).unwrap_err().to_string();
+        assert!(
+            error.contains(&format!("backends: plugin `{theirs}`, host `{ours}`")),
+            "{error}"
         );
     }
 

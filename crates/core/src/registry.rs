@@ -8,8 +8,8 @@
 use std::sync::RwLock;
 
 use crate::adapter::Architecture;
+use crate::config::ArchConfig;
 use crate::error::{Error, Result};
-use crate::loading::ArchConfig;
 
 /// Architectures a linked crate contributes, collected through `inventory`.
 #[derive(Debug)]

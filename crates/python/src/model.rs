@@ -2,7 +2,7 @@
 
 use hookscope::decoding::DecodingChoice;
 use hookscope::hooks::RequestSpecs;
-use hookscope::loading::parse_dtype_choice;
+use hookscope::precision::parse_dtype_choice;
 use hookscope::schema::CallDims;
 use hookscope::{
     Batch, Decoding, DeviceChoice, Generation, Interventions, LoadOptions, MatmulPrecision, Model,

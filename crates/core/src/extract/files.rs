@@ -8,8 +8,8 @@ use safetensors::SafeTensors;
 
 use super::prompts::Shard;
 use super::rows::{RowKind, SiteRows};
+use crate::checkpoint::Bytes;
 use crate::error::{Error, Result};
-use crate::loading::Bytes;
 
 /// Per-token index arrays every row file holds, `[rows]` int64.
 pub const PROMPT_INDEX: &str = "prompt_index";
@@ -170,7 +170,7 @@ pub fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {
 
 /// Reads JSON written by [`write_json`].
 pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
-    serde_json::from_value(crate::loading::read_json(path)?).map_err(|source| Error::Json {
+    serde_json::from_value(crate::config::read_json(path)?).map_err(|source| Error::Json {
         path: path.to_path_buf(),
         source,
     })

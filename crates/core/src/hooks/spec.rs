@@ -9,8 +9,8 @@ use burn::tensor::Device;
 
 use super::request::{Action, Interventions, Selection, Steps, Write};
 use super::value::SiteValue;
+use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
-use crate::loading::Checkpoint;
 use crate::schema::ModelLayout;
 
 /// What a request argument does at the sites it names.

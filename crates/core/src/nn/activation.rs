@@ -3,8 +3,8 @@
 use burn::tensor::Tensor;
 use burn::tensor::activation;
 
+use crate::config::ArchConfig;
 use crate::error::Result;
-use crate::loading::ArchConfig;
 
 /// An elementwise activation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -52,13 +52,13 @@ impl Activation {
 }
 
 /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`: vectorised on the CPU backend
-/// ([`super::fastmath::gelu_tanh`]); elsewhere with the cube as two products (burn's
+/// (`cpu::gelu_tanh`); elsewhere with the cube as two products (burn's
 /// `gelu_approximate` computes it with `powf`, several times slower).
 fn gelu_tanh<const D: usize>(x: Tensor<D>) -> Tensor<D> {
-    if let Some(y) = super::fastmath::gelu_tanh(&x) {
+    if let Some(y) = crate::cpu::gelu_tanh(&x) {
         return y;
     }
     let cube = x.clone() * x.clone() * x.clone();
-    let inner = (x.clone() + cube * 0.044715) * super::fastmath::SQRT_2_OVER_PI;
+    let inner = (x.clone() + cube * 0.044715) * crate::cpu::SQRT_2_OVER_PI;
     x * (activation::tanh(inner) + 1.0) * 0.5
 }

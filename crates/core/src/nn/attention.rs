@@ -2,20 +2,21 @@
 //!
 //! Four paths give the same numbers: when no request reads or writes the scores or
 //! probabilities (they are then not served at all: interior sites nobody observes may be computed
-//! by a fused kernel), on the CPU a decode step reads the cache in place ([`decode_attention`])
-//! and a prompt call runs [`prompt_attention`]; on other backends calls use burn's fused
+//! by a fused kernel), on the CPU a decode step reads the cache in place (`cpu::decode_attention`)
+//! and a prompt call runs `cpu::prompt_attention`; on other backends calls use burn's fused
 //! `attention`; otherwise an explicit one (scores, mask, softmax, weighted values).
 
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Tensor, activation};
 
-use super::{Linear, RmsNorm, Rotary, decode_attention, prompt_attention};
+use super::{Linear, RmsNorm, Rotary};
 use crate::cache::KvCache;
 use crate::call::Call;
+use crate::cpu;
 use crate::error::Result;
-use crate::loading::WeightLoader;
 use crate::schema::{MixerSite, Site};
+use crate::weights::WeightLoader;
 
 /// The place, shape and scaling of one softmax-attention layer.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -70,8 +71,8 @@ impl SoftmaxAttention {
         let scale = self.scale as f32;
         let fused = match explicit {
             true => None,
-            false => decode_attention::attend(&queries, &keys, &values, &mask, scale)
-                .or_else(|| prompt_attention::attend(&queries, &keys, &values, &mask, scale)),
+            false => cpu::decode_attention(&queries, &keys, &values, &mask, scale)
+                .or_else(|| cpu::prompt_attention(&queries, &keys, &values, &mask, scale)),
         };
         let head_outputs = match fused {
             Some(head_outputs) => head_outputs,

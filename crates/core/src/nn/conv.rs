@@ -8,7 +8,7 @@
 use burn::tensor::Tensor;
 
 use crate::error::Result;
-use crate::loading::WeightLoader;
+use crate::weights::WeightLoader;
 
 /// A per-channel convolution over the last `kernel` positions.
 #[derive(Debug, Clone)]

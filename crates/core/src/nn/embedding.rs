@@ -2,14 +2,12 @@
 
 use std::sync::Arc;
 
-use burn::backend::Flex;
-use burn::backend::flex::FlexTensor;
 use burn::tensor::module::embedding;
-use burn::tensor::{Int, Tensor, TensorData};
+use burn::tensor::{Int, Tensor};
 
-use super::packed::PackedMatrix;
+use crate::cpu::{self, PackedMatrix};
 use crate::error::Result;
-use crate::loading::{Matrix, Orientation, WeightLoader};
+use crate::weights::{Matrix, Orientation, WeightLoader};
 
 /// A `[rows, size]` lookup table.
 #[derive(Debug, Clone)]
@@ -19,7 +17,7 @@ pub struct Embedding {
 
 /// Where the table lives.
 #[derive(Debug, Clone)]
-enum Table {
+pub(crate) enum Table {
     /// The stored `[rows, size]` tensor (backends other than the CPU's).
     Dense(Box<Tensor<2>>),
     /// On the CPU, the table packed in the load's precision as the `[size, rows]` matrix of a
@@ -48,27 +46,13 @@ impl Embedding {
     pub fn forward(&self, indices: Tensor<2, Int>) -> Tensor<3> {
         match &self.table {
             Table::Dense(table) => embedding(table.as_ref().clone(), indices),
-            Table::Packed(packed) => {
-                let [batch, len] = indices.dims();
-                let ids: Vec<usize> = indices
-                    .into_data()
-                    .convert::<i64>()
-                    .iter::<i64>()
-                    .map(|id| usize::try_from(id).unwrap_or(usize::MAX))
-                    .collect();
-                let rows = packed.columns(&ids);
-                let rows = TensorData::new(rows, [batch, len, packed.d_in()]);
-                Tensor::from_primitive::<Flex>(FlexTensor::from_data(rows))
-            }
+            Table::Packed(packed) => cpu::embedding_rows(packed, indices),
         }
     }
 
-    /// A language-model head tied to this table: on the CPU it shares the packed table.
-    pub(crate) fn tied_head(&self) -> super::Linear {
-        match &self.table {
-            Table::Dense(table) => super::Linear::from_out_in(table.as_ref().clone()),
-            Table::Packed(packed) => super::Linear::from_packed(packed.clone()),
-        }
+    /// Where the table lives (a head tied to it shares it).
+    pub(crate) fn table(&self) -> &Table {
+        &self.table
     }
 
     /// The table's `[rows, size]` shape.
@@ -82,10 +66,10 @@ impl Embedding {
 
 #[cfg(test)]
 mod tests {
-    use burn::tensor::Device;
+    use burn::tensor::{Device, TensorData};
 
     use super::*;
-    use crate::loading::WeightDtype;
+    use crate::precision::WeightDtype;
 
     /// On the CPU the table is packed in the load's precision: lookups read the stored rows
     /// back (every panel, including the partial last one) and a tied head shares the same copy,
@@ -107,7 +91,7 @@ mod tests {
             let indices = Tensor::<2, Int>::from_data(TensorData::from(ids), &device);
             let expected = embedding(table.clone(), indices.clone()).into_data();
             assert_eq!(embeddings.forward(indices).into_data(), expected, "{dtype}");
-            let head = embeddings.tied_head();
+            let head = super::super::Linear::tied_to(&embeddings);
             assert!(
                 Arc::ptr_eq(&head.packed().unwrap(), packed),
                 "table not shared"

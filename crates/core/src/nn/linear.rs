@@ -9,15 +9,12 @@
 
 use std::sync::Arc;
 
-use burn::backend::Flex;
-use burn::backend::flex::FlexTensor;
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::Tensor;
 
-use super::Embedding;
-use super::flex::f32_primitive;
-use super::packed::PackedMatrix;
+use super::embedding::{Embedding, Table};
+use crate::cpu::{self, PackedMatrix};
 use crate::error::Result;
-use crate::loading::{Matrix, Orientation, WeightDtype, WeightLoader};
+use crate::weights::{Matrix, Orientation, WeightLoader};
 
 /// An affine map from the last axis of its input.
 #[derive(Debug, Clone)]
@@ -38,7 +35,7 @@ enum Weight {
 impl Weight {
     /// Packs an `[in, out]` view when it lives on the CPU backend as dense f32.
     fn new(weight: Tensor<2>) -> Self {
-        match pack(&weight) {
+        match cpu::pack_view(&weight) {
             Some(packed) => Weight::Packed(Arc::new(packed)),
             None => Weight::Tensor(Box::new(weight)),
         }
@@ -56,51 +53,6 @@ impl Weight {
             Matrix::Tensor(tensor) => Weight::Tensor(tensor),
         })
     }
-}
-
-fn pack(weight: &Tensor<2>) -> Option<PackedMatrix> {
-    let [d_in, d_out] = weight.dims();
-    let primitive = f32_primitive(weight)?;
-    let layout = primitive.layout();
-    let [in_stride, out_stride] = layout.strides() else {
-        return None;
-    };
-    let (in_stride, out_stride) = (
-        usize::try_from(*in_stride).ok()?,
-        usize::try_from(*out_stride).ok()?,
-    );
-    let storage = &primitive.storage::<f32>()[layout.start_offset()..];
-    let last = (d_in.checked_sub(1)?) * in_stride + (d_out.checked_sub(1)?) * out_stride;
-    (last < storage.len()).then(|| {
-        PackedMatrix::pack(WeightDtype::F32, d_in, d_out, |k, n| {
-            storage[k * in_stride + n * out_stride]
-        })
-    })
-}
-
-/// `x W + b` on the packed kernels.
-fn packed_forward(packed: &PackedMatrix, x: Tensor<2>, bias: Option<&Tensor<1>>) -> Tensor<2> {
-    let [rows, _] = x.dims();
-    let x = dense_f32(x);
-    let bias = bias.map(|bias| dense_f32(bias.clone()));
-    let y = packed.multiply(dense_slice(&x), rows, bias.as_ref().map(dense_slice));
-    let y = FlexTensor::from_data(TensorData::new(y, [rows, packed.d_out()]));
-    Tensor::from_primitive::<Flex>(y)
-}
-
-/// The tensor as dense f32 `flex` storage (copied only when it is strided, or converted when it
-/// lives elsewhere).
-fn dense_f32<const D: usize>(tensor: Tensor<D>) -> FlexTensor {
-    match f32_primitive(&tensor) {
-        Some(primitive) => primitive.to_contiguous(),
-        None => FlexTensor::from_data(tensor.into_data().convert::<f32>()),
-    }
-}
-
-fn dense_slice(tensor: &FlexTensor) -> &[f32] {
-    tensor
-        .as_slice::<f32>()
-        .expect("`dense_f32` returns contiguous f32 storage")
 }
 
 impl Linear {
@@ -153,18 +105,19 @@ impl Linear {
         tied: bool,
     ) -> Result<Self> {
         if tied {
-            return Ok(embeddings.tied_head());
+            return Ok(Linear::tied_to(embeddings));
         }
         let [vocab, hidden] = embeddings.dims();
         Linear::load_torch(loader, name, hidden, vocab, false)
     }
 
-    /// A bias-free map over an already packed matrix.
-    pub(crate) fn from_packed(packed: Arc<PackedMatrix>) -> Self {
-        Linear {
-            weight: Weight::Packed(packed),
-            bias: None,
-        }
+    /// A language-model head tied to `embeddings`: on the CPU it shares the packed table.
+    pub(crate) fn tied_to(embeddings: &Embedding) -> Self {
+        let weight = match embeddings.table() {
+            Table::Dense(table) => return Linear::from_out_in(table.as_ref().clone()),
+            Table::Packed(packed) => Weight::Packed(packed.clone()),
+        };
+        Linear { weight, bias: None }
     }
 
     /// The packed weight, where the map has one.
@@ -185,7 +138,7 @@ impl Linear {
         let y = match &self.weight {
             Weight::Packed(packed) => {
                 dims[D - 1] = packed.d_out();
-                packed_forward(packed, x, self.bias.as_ref())
+                cpu::multiply(packed, x, self.bias.as_ref())
             }
             Weight::Tensor(weight) => {
                 dims[D - 1] = weight.dims()[1];

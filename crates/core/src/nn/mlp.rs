@@ -4,7 +4,7 @@ use burn::tensor::Tensor;
 
 use super::{Activation, Linear};
 use crate::error::Result;
-use crate::loading::WeightLoader;
+use crate::weights::WeightLoader;
 
 /// The sizes, biases and activation of a gated MLP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

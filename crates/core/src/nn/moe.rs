@@ -7,7 +7,7 @@ use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorData, activation};
 
 use super::{Activation, GatedMlp, GatedMlpSpec, Linear};
 use crate::error::{Error, Result};
-use crate::loading::WeightLoader;
+use crate::weights::WeightLoader;
 
 /// The sizes and routing of a mixture-of-experts block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

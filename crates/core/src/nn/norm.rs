@@ -4,7 +4,7 @@ use burn::tensor::Tensor;
 use burn::tensor::module::layer_norm;
 
 use crate::error::Result;
-use crate::loading::WeightLoader;
+use crate::weights::WeightLoader;
 
 /// LayerNorm over the last axis, with weight and bias.
 #[derive(Debug, Clone)]

@@ -1,5 +1,6 @@
 //! The standard hook schema: site names, per-step shapes and the step-order contract.
 
+mod dim;
 mod layout;
 mod resolve;
 mod shape;
@@ -8,8 +9,9 @@ mod table;
 
 pub use layout::{LayerSpec, MixerKind, ModelLayout};
 
+pub use dim::{Dim, SymbolicShape};
 #[cfg(test)]
 pub(crate) use layout::tests;
-pub use shape::{CallDims, Dim, SymbolicShape};
+pub use shape::CallDims;
 pub use site::{LayerSite, MixerNamespace, MixerSite, Site};
 pub use table::{OUTER_SITES, OuterSite, SiteRow, markdown};

@@ -2,8 +2,8 @@
 //! every mixer kind its interior sites in call order. The order contract, the shape table, the
 //! CLI's listings and `docs/SCHEMA.md` (through `hookscope sites --markdown`) all read these.
 
+use super::dim::{Dim, Dim::*, SymbolicShape};
 use super::layout::MixerKind;
-use super::shape::{Dim::*, SymbolicShape};
 use super::site::{MixerNamespace, MixerSite};
 
 /// One row of a table: a site's name (relative to its table), symbolic shape and meaning.
@@ -54,7 +54,7 @@ impl OuterSite {
     }
 }
 
-const fn row<S>(site: S, shape: &'static [super::shape::Dim], meaning: &'static str) -> SiteRow<S> {
+const fn row<S>(site: S, shape: &'static [Dim], meaning: &'static str) -> SiteRow<S> {
     SiteRow {
         site,
         shape: SymbolicShape(shape),

@@ -31,7 +31,7 @@ use std::ops::Range;
 use multiversion::{multiversion, target::selected_target};
 use rayon::prelude::*;
 
-use crate::loading::{MatmulPrecision, WeightDtype};
+use crate::precision::{MatmulPrecision, WeightDtype};
 
 /// Output columns per packed panel: two AVX-512 vectors.
 pub(crate) const PANEL: usize = 32;

@@ -15,7 +15,7 @@ use multiversion::multiversion;
 use rayon::prelude::*;
 
 use super::decode_attention::{Sizes, Strided, on_host};
-use super::fastmath::exp_f32;
+use super::elementwise::exp_f32;
 
 /// Query rows computed together: each key and value row loaded serves all of them.
 const ROWS: usize = 4;

@@ -44,7 +44,7 @@ pub(super) fn fetch(spec: &str, cache_dir: &Path) -> Result<PathBuf> {
 
 /// The distinct shard files a `model.safetensors.index.json` names.
 fn shard_files(index: &Path) -> Result<Vec<String>> {
-    let json = super::read_json(index)?;
+    let json = crate::config::read_json(index)?;
     let mut files: Vec<String> = json
         .get("weight_map")
         .and_then(|map| map.as_object())

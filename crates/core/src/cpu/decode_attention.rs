@@ -7,14 +7,13 @@
 //! it. Here each key/value head's rows are read in place, once per query head of its group, and
 //! the softmax is the usual max-subtracted one. Other backends, dtypes and layouts go to burn.
 
-use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
-use burn::tensor::{Bool, Tensor, TensorData};
+use burn::tensor::{Bool, Tensor};
 use multiversion::multiversion;
 use rayon::prelude::*;
 
-use super::fastmath::exp_f32;
-use super::flex::f32_primitive;
+use super::elementwise::exp_f32;
+use super::host::{f32_primitive, from_host};
 
 /// Calls of at most this many new tokens take this path (decode steps, short continuations);
 /// longer ones (prompt calls) are matrix products, where burn's tiled attention is the faster.
@@ -149,8 +148,7 @@ pub(super) fn on_host(
             dim,
         },
     };
-    let data = TensorData::new(kernel(&host), [batch, heads, tokens, dim]);
-    Some(Tensor::from_primitive::<Flex>(FlexTensor::from_data(data)))
+    Some(from_host(kernel(&host), [batch, heads, tokens, dim]))
 }
 
 /// One key/value head of one batch row: the `group · T` query rows it serves (`queries`, in
@@ -233,7 +231,7 @@ fn dot(a: &[f32], b: &[f32]) -> f32 {
 mod tests {
     use burn::tensor::module::attention;
     use burn::tensor::ops::AttentionModuleOptions;
-    use burn::tensor::{Device, Distribution};
+    use burn::tensor::{Device, Distribution, TensorData};
 
     use super::*;
 

@@ -1,0 +1,40 @@
+//! The CPU (`flex`) backend's host storage: the one place that names burn's `Flex` types. The
+//! kernels read their operands' `f32` values where they lie and hand their results back as
+//! tensors of that backend.
+
+use burn::backend::Flex;
+use burn::backend::flex::FlexTensor;
+use burn::tensor::{DType, Tensor, TensorData};
+
+/// The tensor's `flex` storage when it lives on that backend as `f32`.
+pub(crate) fn f32_primitive<const D: usize>(tensor: &Tensor<D>) -> Option<FlexTensor> {
+    let primitive = tensor.clone().try_into_primitive::<Flex>().ok()?;
+    (primitive.dtype() == DType::F32).then_some(primitive)
+}
+
+/// The tensor's `flex` storage made contiguous (copied only when it is strided), when it lives
+/// on that backend as `f32`.
+pub(crate) fn dense_f32<const D: usize>(tensor: &Tensor<D>) -> Option<FlexTensor> {
+    f32_primitive(tensor).map(|primitive| primitive.to_contiguous())
+}
+
+/// `values` (row-major) as a `flex` tensor of `shape`.
+pub(crate) fn from_host<const D: usize>(values: Vec<f32>, shape: [usize; D]) -> Tensor<D> {
+    Tensor::from_primitive::<Flex>(FlexTensor::from_data(TensorData::new(values, shape)))
+}
+
+/// The tensor as contiguous `f32` storage on the CPU backend: in place when it already is,
+/// else made contiguous, or converted from another dtype or backend.
+pub(crate) fn to_host_f32<const D: usize>(tensor: Tensor<D>) -> FlexTensor {
+    match dense_f32(&tensor) {
+        Some(dense) => dense,
+        None => FlexTensor::from_data(tensor.into_data().convert::<f32>()),
+    }
+}
+
+/// The values of contiguous `f32` storage (what [`to_host_f32`] returns).
+pub(crate) fn contiguous_values(tensor: &FlexTensor) -> &[f32] {
+    tensor
+        .as_slice::<f32>()
+        .expect("`to_host_f32` returns contiguous f32 storage")
+}

@@ -1,0 +1,29 @@
+//! Kernels for the CPU backend (burn's `flex`), where hookscope runs its own code instead of
+//! burn's: packed weight products, attention over the cache where it lies, the fused selective
+//! scan, vectorised element-wise functions and an accurately summed softmax.
+//!
+//! The layers in `crate::nn` call these through one contract: each entry takes burn tensors
+//! and returns `Option`, `Some` when the operands live on the CPU backend as `f32` in a layout
+//! the kernel reads, `None` otherwise, and the layer then runs burn's own operations. Nothing
+//! outside this module touches the backend's storage (`host` converts between burn tensors and
+//! it), so kernels for another instruction set land here without touching a layer. Each kernel
+//! picks its instruction set at run time (`multiversion`).
+
+mod decode_attention;
+mod elementwise;
+mod host;
+mod packed;
+mod packed_tensors;
+mod pool;
+mod prompt_attention;
+mod selective_scan;
+mod softmax;
+
+pub(crate) use decode_attention::attend as decode_attention;
+pub(crate) use elementwise::{SQRT_2_OVER_PI, exp, gelu_tanh, sigmoid, silu};
+pub(crate) use packed::PackedMatrix;
+pub(crate) use packed_tensors::{embedding_rows, multiply, pack_view};
+pub use pool::on_worker;
+pub(crate) use prompt_attention::attend as prompt_attention;
+pub(crate) use selective_scan::{ScanOperands, selective_scan};
+pub(crate) use softmax::softmax_last;
