@@ -3,8 +3,11 @@
 
 mod checkpoint;
 mod dtype;
+mod heads;
 mod hub;
 mod json;
+mod rope;
+mod scope;
 
 use std::path::{Path, PathBuf};
 
@@ -15,7 +18,10 @@ pub(crate) use checkpoint::Bytes;
 pub use checkpoint::{Checkpoint, LoadReport, WeightLoader};
 pub(crate) use checkpoint::{Matrix, Orientation};
 pub use dtype::{MatmulPrecision, WeightDtype, parse_dtype_choice};
+pub use heads::{AttentionHeads, HeadDim, HeadKeys};
 pub use json::ConfigFloat;
+pub use rope::{Rope, RopeParameters, RopeRules, RotaryFraction};
+pub use scope::WeightScope;
 
 use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;

@@ -17,6 +17,7 @@ mod norm;
 pub(crate) mod packed;
 mod pool;
 mod prompt_attention;
+mod recurrent;
 mod rotary;
 mod selective_scan;
 mod softmax;
@@ -26,7 +27,9 @@ pub use attention::{ProjectedAttention, ProjectedAttentionSpec, QkNorm, SoftmaxA
 pub use block::{parallel_residual_block, residual_block};
 pub use conv::CausalConv1d;
 pub use decay::{decay_matrix, pairwise_decay};
-pub use decoder::{DecoderLayer, FeedForward, HybridDecoder, LayerMixer, Mixer, NoOtherMixer};
+pub use decoder::{
+    DecoderLayer, DecoderParts, FeedForward, HybridDecoder, LayerMixer, Mixer, NoOtherMixer,
+};
 pub use embedding::Embedding;
 pub use fastmath::{exp, sigmoid, silu};
 pub use linear::Linear;
@@ -34,6 +37,7 @@ pub use mlp::{GatedMlp, GatedMlpSpec};
 pub use moe::{MoeSpec, SparseMoe};
 pub use norm::{GatedRmsNorm, LayerNorm, RmsNorm};
 pub use pool::on_worker;
+pub use recurrent::{Recurrence, RecurrentSites};
 pub use rotary::{RopeScaling, Rotary};
 pub use selective_scan::{ScanInputs, selective_readout, selective_scan, selective_step};
 pub use softmax::softmax_last;
