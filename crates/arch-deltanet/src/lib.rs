@@ -14,14 +14,14 @@ pub mod model;
 
 use hookscope_core::Architecture;
 
-pub use model::{Family, Hybrid};
+pub use model::{Family, Hybrid, load};
 
 /// Qwen3-Next, as the registry lists it.
 pub static QWEN3_NEXT: Architecture = Architecture {
     name: "qwen3_next",
     model_types: &["qwen3_next"],
     architectures: &["Qwen3NextForCausalLM"],
-    load: |config, loader| Ok(Box::new(Hybrid::load(config, loader, Family::Qwen3Next)?)),
+    load: |config, loader| Ok(Box::new(load(config, loader, Family::Qwen3Next)?)),
     tiny_config: r#"{"model_type": "qwen3_next", "vocab_size": 61, "hidden_size": 16,
         "intermediate_size": 24, "num_hidden_layers": 4, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 8, "linear_num_key_heads": 2,
@@ -36,7 +36,7 @@ pub static QWEN3_5: Architecture = Architecture {
     name: "qwen3_5",
     model_types: &["qwen3_5", "qwen3_5_text"],
     architectures: &["Qwen3_5ForCausalLM", "Qwen3_5ForConditionalGeneration"],
-    load: |config, loader| Ok(Box::new(Hybrid::load(config, loader, Family::Qwen35)?)),
+    load: |config, loader| Ok(Box::new(load(config, loader, Family::Qwen35)?)),
     tiny_config: r#"{"model_type": "qwen3_5_text", "vocab_size": 61, "hidden_size": 16,
         "intermediate_size": 24, "num_hidden_layers": 3, "num_attention_heads": 4,
         "num_key_value_heads": 2, "head_dim": 8, "linear_num_key_heads": 2,
@@ -52,7 +52,7 @@ pub static QWEN3_5_MOE: Architecture = Architecture {
         "Qwen3_5MoeForCausalLM",
         "Qwen3_5MoeForConditionalGeneration",
     ],
-    load: |config, loader| Ok(Box::new(Hybrid::load(config, loader, Family::Qwen35Moe)?)),
+    load: |config, loader| Ok(Box::new(load(config, loader, Family::Qwen35Moe)?)),
     tiny_config: r#"{"model_type": "qwen3_5_moe_text", "vocab_size": 61, "hidden_size": 16,
         "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2,
         "head_dim": 8, "linear_num_key_heads": 2, "linear_num_value_heads": 4,

@@ -10,10 +10,12 @@
 //! `[B, T, NV, DV]` (before the gated norm).
 
 use hookscope_core::burn::tensor::{Tensor, activation};
-use hookscope_core::cache::RecurrentState;
-use hookscope_core::nn::{Activation, CausalConv1d, Linear, Mixer, RmsNorm, silu};
+use hookscope_core::nn::{
+    Activation, CausalConv1d, Linear, Mixer, Recurrence, RecurrentSites, RmsNorm, silu,
+};
 use hookscope_core::schema::{LayerSite, MixerKind, MixerNamespace};
-use hookscope_core::{ArchConfig, Call, MixerSite, Result, Site, WeightLoader};
+use hookscope_core::weights::WeightScope;
+use hookscope_core::{ArchConfig, Call, MixerSite, Result, Site};
 
 use crate::delta_rule::{self, RuleInputs};
 
@@ -112,19 +114,17 @@ pub struct GatedDeltaNet {
 }
 
 impl GatedDeltaNet {
-    /// Loads the mixer of `layer` stored under `name` (`model.layers.0.linear_attn`).
+    /// Loads the mixer of `layer` stored under `scope` (`model.layers.0.linear_attn`).
     pub fn load(
-        loader: &mut WeightLoader<'_>,
-        name: &str,
+        mut scope: WeightScope<'_, '_>,
         (layer, layout): (usize, ProjectionLayout),
         spec: DeltaNetSpec,
     ) -> Result<Self> {
-        let weight = |part: &str| format!("{name}.{part}");
         let (hidden, heads) = (spec.hidden, spec.value_heads);
         let [qkv, z, b, a] = match layout {
             ProjectionLayout::Separate => {
                 let mut separate = |rows: usize, part: &str| {
-                    loader.tensor(&weight(&format!("{part}.weight")), [rows, hidden])
+                    scope.tensor(&format!("{part}.weight"), [rows, hidden])
                 };
                 [
                     separate(spec.conv_channels(), "in_proj_qkv")?,
@@ -133,9 +133,9 @@ impl GatedDeltaNet {
                     separate(heads, "in_proj_a")?,
                 ]
             }
-            ProjectionLayout::Grouped => grouped_projections(loader, name, &spec)?,
+            ProjectionLayout::Grouped => grouped_projections(&mut scope, &spec)?,
         };
-        let a_log: Tensor<1> = loader.tensor(&weight("A_log"), [heads])?;
+        let a_log: Tensor<1> = scope.tensor("A_log", [heads])?;
         Ok(GatedDeltaNet {
             layer,
             in_proj_qkv: Linear::from_out_in(qkv),
@@ -143,28 +143,47 @@ impl GatedDeltaNet {
             in_proj_b: Linear::from_out_in(b),
             in_proj_a: Linear::from_out_in(a),
             conv: CausalConv1d::load(
-                loader,
-                &weight("conv1d"),
+                scope.pp("conv1d"),
                 spec.conv_channels(),
                 spec.conv_kernel,
                 false,
             )?,
-            dt_bias: loader.tensor(&weight("dt_bias"), [heads])?,
+            dt_bias: scope.tensor("dt_bias", [heads])?,
             a: a_log.exp().neg(),
-            norm: RmsNorm::load(loader, &weight("norm"), spec.value_head_dim, spec.eps)?,
-            out_proj: Linear::load_torch(
-                loader,
-                &weight("out_proj"),
-                spec.value_dim(),
-                hidden,
-                false,
-            )?,
+            norm: RmsNorm::load(scope.pp("norm"), spec.value_head_dim, spec.eps)?,
+            out_proj: Linear::load_torch(scope.pp("out_proj"), spec.value_dim(), hidden, false)?,
             spec,
         })
     }
 }
 
+impl Recurrence<4> for RuleInputs {
+    type Output = Tensor<4>;
+
+    fn zero_state(&self) -> Tensor<4> {
+        let [batch, heads, _, dk] = self.k.dims();
+        let dv = self.v.dims()[3];
+        Tensor::zeros([batch, heads, dk, dv], &self.v.device())
+    }
+
+    fn step(&self, state: Tensor<4>) -> Tensor<4> {
+        delta_rule::step(self, state)
+    }
+
+    fn read_out(&self, state: &Tensor<4>) -> Tensor<4> {
+        delta_rule::read_out(state, &self.q)
+    }
+
+    fn scan(self, state: Tensor<4>) -> Result<(Tensor<4>, Tensor<4>)> {
+        delta_rule::chunked(self, state)
+    }
+}
+
 impl Mixer for GatedDeltaNet {
+    fn kind(&self) -> MixerKind {
+        self.spec.kind()
+    }
+
     /// The mixer on normalised `x` `[B, T, H]`, serving its sites; returns `[B, T, H]`.
     fn mix(&self, x: Tensor<3>, call: &mut Call<'_>) -> Result<Tensor<3>> {
         let [batch, tokens, _] = x.dims();
@@ -180,62 +199,50 @@ impl Mixer for GatedDeltaNet {
         let b = self.in_proj_b.forward(x.clone());
         let a = self.in_proj_a.forward(x);
 
-        let carried = call.state::<RecurrentState<4>>(self.layer)?;
-        let (conv_out, window) = self.conv.forward(qkv, carried.conv.take());
-        carried.conv = Some(window);
-        let previous = carried.state.take();
-        let qkv = spec.activation.forward(conv_out);
-        let key_dim = spec.key_dim();
-        // [B, T, NK * DK] → [B, NV, T, DK]: value head h reads key head h / (NV / NK).
-        let expanded = |t: Tensor<3>| -> Tensor<4> {
-            let groups = spec.key_heads;
-            let per_key = heads / groups;
-            l2_normalise(
-                t.reshape([batch, tokens, groups, 1, dk])
-                    .expand([batch, tokens, groups, per_key, dk])
-                    .reshape([batch, tokens, heads, dk]),
-            )
-            .swap_dims(1, 2)
+        let namespace = MixerNamespace::LinearAttn;
+        let site = |s| Site::layer(self.layer, LayerSite::Mixer(namespace, s));
+        let sites = RecurrentSites {
+            layer: self.layer,
+            namespace,
         };
-        let q = expanded(qkv.clone().slice_dim(2, 0..key_dim));
-        let k = expanded(qkv.clone().slice_dim(2, key_dim..2 * key_dim));
-        let v = qkv
-            .slice_dim(2, 2 * key_dim..spec.conv_channels())
-            .reshape([batch, tokens, heads, dv])
-            .swap_dims(1, 2);
+        let output = sites.run(&self.conv, qkv, call, |conv_out, _, call| {
+            let qkv = spec.activation.forward(conv_out);
+            let key_dim = spec.key_dim();
+            // [B, T, NK * DK] → [B, NV, T, DK]: value head h reads key head h / (NV / NK).
+            let expanded = |t: Tensor<3>| -> Tensor<4> {
+                let groups = spec.key_heads;
+                let per_key = heads / groups;
+                l2_normalise(
+                    t.reshape([batch, tokens, groups, 1, dk])
+                        .expand([batch, tokens, groups, per_key, dk])
+                        .reshape([batch, tokens, heads, dk]),
+                )
+                .swap_dims(1, 2)
+            };
+            let q = expanded(qkv.clone().slice_dim(2, 0..key_dim));
+            let k = expanded(qkv.clone().slice_dim(2, key_dim..2 * key_dim));
+            let v = qkv
+                .slice_dim(2, 2 * key_dim..spec.conv_channels())
+                .reshape([batch, tokens, heads, dv])
+                .swap_dims(1, 2);
 
-        let site = |s| Site::layer(self.layer, LayerSite::Mixer(MixerNamespace::LinearAttn, s));
-        let q = call.visit(site(MixerSite::AttentionQueries), q)?;
-        let k = call.visit(site(MixerSite::AttentionKeys), k)?;
-        let v = call.visit(site(MixerSite::AttentionValues), v)?;
-        let per_head = |t: Tensor<3>| t.swap_dims(1, 2);
-        let beta = per_head(activation::sigmoid(b));
-        let g = per_head(
-            activation::softplus(a + self.dt_bias.clone().unsqueeze::<3>(), 1.0)
-                * self.a.clone().unsqueeze::<3>(),
-        );
-        let initial =
-            previous.unwrap_or_else(|| Tensor::zeros([batch, heads, dk, dv], &v.device()));
-        let initial = call.visit(site(MixerSite::StateInput), initial)?;
-        let inputs = RuleInputs {
-            q: q * (dk as f64).powf(-0.5),
-            k,
-            v,
-            beta,
-            g,
-        };
-        let (output, state) = if tokens == 1 {
-            // One token: the (possibly written) state output is what this step reads.
-            let state = call.visit(
-                site(MixerSite::StateOutput),
-                delta_rule::step(&inputs, initial),
-            )?;
-            (delta_rule::read_out(&state, &inputs.q), state)
-        } else {
-            let (output, state) = delta_rule::chunked(inputs, initial)?;
-            (output, call.visit(site(MixerSite::StateOutput), state)?)
-        };
-        call.state::<RecurrentState<4>>(self.layer)?.state = Some(state);
+            let q = call.visit(site(MixerSite::AttentionQueries), q)?;
+            let k = call.visit(site(MixerSite::AttentionKeys), k)?;
+            let v = call.visit(site(MixerSite::AttentionValues), v)?;
+            let per_head = |t: Tensor<3>| t.swap_dims(1, 2);
+            let beta = per_head(activation::sigmoid(b));
+            let g = per_head(
+                activation::softplus(a + self.dt_bias.clone().unsqueeze::<3>(), 1.0)
+                    * self.a.clone().unsqueeze::<3>(),
+            );
+            Ok(RuleInputs {
+                q: q * (dk as f64).powf(-0.5),
+                k,
+                v,
+                beta,
+                g,
+            })
+        })?;
         // [B, NV, T, DV] → [B, T, NV, DV], laid out anew (the reshape through `NV * DV` copies)
         // so that the norm and gate below run on contiguous memory.
         let output = output
@@ -260,22 +267,15 @@ fn l2_normalise(x: Tensor<4>) -> Tensor<4> {
 /// (`[q_g | k_g | v of its value heads | z of its value heads]`, `[b of its value heads | a of
 /// them]`), reordered into the separate `[q | k | v]`, `z`, `b`, `a` matrices.
 fn grouped_projections(
-    loader: &mut WeightLoader<'_>,
-    name: &str,
+    scope: &mut WeightScope<'_, '_>,
     spec: &DeltaNetSpec,
 ) -> Result<[Tensor<2>; 4]> {
     let (hidden, groups) = (spec.hidden, spec.key_heads);
     let (dk, per_key) = (spec.key_head_dim, spec.value_heads / spec.key_heads);
     let values = per_key * spec.value_head_dim;
     let width = 2 * dk + 2 * values;
-    let qkvz: Tensor<2> = loader.tensor(
-        &format!("{name}.in_proj_qkvz.weight"),
-        [groups * width, hidden],
-    )?;
-    let ba: Tensor<2> = loader.tensor(
-        &format!("{name}.in_proj_ba.weight"),
-        [groups * 2 * per_key, hidden],
-    )?;
+    let qkvz: Tensor<2> = scope.tensor("in_proj_qkvz.weight", [groups * width, hidden])?;
+    let ba: Tensor<2> = scope.tensor("in_proj_ba.weight", [groups * 2 * per_key, hidden])?;
     let qkvz = qkvz.reshape([groups, width, hidden]);
     let rows = |t: &Tensor<3>, range: std::ops::Range<usize>| -> Tensor<2> {
         let count = groups * range.len();

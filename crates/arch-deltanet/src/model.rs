@@ -18,13 +18,14 @@
 //! weights under `model.language_model.`) and the vision tower is ignored, with a note.
 
 use hookscope_core::burn::tensor::Tensor;
+use hookscope_core::config::{AttentionHeads, HeadDim, HeadKeys};
 use hookscope_core::nn::{
-    Activation, DecoderLayer, Embedding, FeedForward, GatedMlp, GatedMlpSpec, HybridDecoder,
-    LayerMixer, Linear, MoeSpec, ProjectedAttention, ProjectedAttentionSpec, QkNorm, RmsNorm,
-    RopeScaling, Rotary, SparseMoe,
+    Activation, DecoderLayer, DecoderParts, Embedding, FeedForward, GatedMlp, GatedMlpSpec,
+    HybridDecoder, LayerMixer, Linear, MoeSpec, ProjectedAttention, ProjectedAttentionSpec, QkNorm,
+    RmsNorm, SparseMoe,
 };
-use hookscope_core::schema::LayerSpec;
-use hookscope_core::{ArchConfig, Call, CausalLm, ModelLayout, Result, WeightLoader};
+use hookscope_core::nn::{Rope, RopeParameters, RopeRules, RotaryFraction};
+use hookscope_core::{ArchConfig, Result, WeightLoader};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -118,7 +119,7 @@ pub struct HybridConfig {
     pub mlp_only_layers: Vec<usize>,
     /// Rotary parameters (new style).
     #[serde(default)]
-    pub rope_parameters: Option<Value>,
+    pub rope_parameters: Option<RopeParameters>,
     /// Rotary base (old style).
     #[serde(default)]
     pub rope_theta: Option<f64>,
@@ -176,25 +177,17 @@ impl HybridConfig {
         }
     }
 
-    /// `(theta, rotary dimensions)` of the attention layers.
-    fn rotary(&self, config: &ArchConfig, head_dim: usize) -> Result<(f64, usize)> {
-        let params = self.rope_parameters.as_ref().filter(|p| !p.is_null());
-        let field = |key: &str| params.and_then(|p| p.get(key));
-        let kind = field("rope_type")
-            .and_then(Value::as_str)
-            .unwrap_or("default");
-        if kind != "default" {
-            return Err(config.unsupported(format!("rope type `{kind}` (default only)")));
-        }
-        let theta = field("rope_theta")
-            .and_then(Value::as_f64)
-            .or(self.rope_theta)
-            .unwrap_or(10_000.0);
-        let factor = field("partial_rotary_factor")
-            .and_then(Value::as_f64)
-            .or(self.partial_rotary_factor)
-            .unwrap_or(0.25);
-        Ok((theta, (head_dim as f64 * factor) as usize))
+    /// The rotary embedding of the attention layers.
+    fn rope(&self, config: &ArchConfig) -> Result<Rope> {
+        let rules = RopeRules {
+            scaled: None,
+            theta: self.rope_theta,
+            fraction: RotaryFraction::Configured {
+                legacy: self.partial_rotary_factor,
+                default: 0.25,
+            },
+        };
+        Rope::parse(config, self.rope_parameters.as_ref(), rules)
     }
 
     /// The MoE block of layer `i`, if it has one.
@@ -222,8 +215,10 @@ impl HybridConfig {
 }
 
 /// A layer's feed-forward part: a dense gated MLP or a mixture of experts.
-enum Mlp {
+pub enum Mlp {
+    /// A dense gated MLP.
     Dense(Box<GatedMlp>),
+    /// A sparse mixture of experts.
     Sparse(Box<SparseMoe>),
 }
 
@@ -237,177 +232,122 @@ impl FeedForward for Mlp {
 }
 
 /// A loaded Gated DeltaNet hybrid.
-pub struct Hybrid {
-    layout: ModelLayout,
-    decoder: HybridDecoder<GatedDeltaNet, Mlp>,
-}
+pub type Hybrid = HybridDecoder<GatedDeltaNet, Mlp>;
 
-impl Hybrid {
-    /// Builds a model of `family` from its config (a text config, or a conditional-generation
-    /// config holding one under `text_config`) and weights.
-    pub fn load(
-        arch_config: &ArchConfig,
-        loader: &mut WeightLoader<'_>,
-        family: Family,
-    ) -> Result<Self> {
-        let text = arch_config
-            .json
-            .get("text_config")
-            .filter(|t| t.is_object());
-        let config: HybridConfig = match text {
-            Some(text) => {
-                loader.note(
-                    "this checkpoint is multimodal: its language model is loaded, the vision \
+/// Builds a model of `family` from its config (a text config, or a conditional-generation
+/// config holding one under `text_config`) and weights.
+pub fn load(
+    arch_config: &ArchConfig,
+    loader: &mut WeightLoader<'_>,
+    family: Family,
+) -> Result<Hybrid> {
+    let text = arch_config
+        .json
+        .get("text_config")
+        .filter(|t| t.is_object());
+    let config: HybridConfig = match text {
+        Some(text) => {
+            loader.note(
+                "this checkpoint is multimodal: its language model is loaded, the vision \
                      tower is ignored",
-                );
-                ArchConfig {
-                    path: arch_config.path.clone(),
-                    json: text.clone(),
-                }
-                .parse()?
+            );
+            ArchConfig {
+                path: arch_config.path.clone(),
+                json: text.clone(),
             }
-            None => arch_config.parse()?,
-        };
-        let tied_at_top = arch_config
-            .json
-            .get("tie_word_embeddings")
-            .and_then(Value::as_bool)
-            .unwrap_or(false);
-        let activation = Activation::from_config(arch_config, "hidden_act", &config.hidden_act)?;
-        let (h, eps) = (config.hidden_size, config.rms_norm_eps);
-        let heads = config.num_attention_heads;
-        let kv_heads = config.num_key_value_heads.unwrap_or(heads);
-        let head_dim = match config.head_dim {
-            Some(dim) => dim,
-            None => h.checked_div(heads).unwrap_or(0),
-        };
-        if heads == 0 || kv_heads == 0 || head_dim == 0 || !heads.is_multiple_of(kv_heads) {
-            return Err(arch_config.unsupported(format!(
-                "{heads} attention heads, {kv_heads} key/value heads, head_dim {head_dim}"
-            )));
+            .parse()?
         }
-        let delta = DeltaNetSpec {
+        None => arch_config.parse()?,
+    };
+    let tied_at_top = arch_config
+        .json
+        .get("tie_word_embeddings")
+        .and_then(Value::as_bool)
+        .unwrap_or(false);
+    let activation = Activation::from_config(arch_config, "hidden_act", &config.hidden_act)?;
+    let (h, eps) = (config.hidden_size, config.rms_norm_eps);
+    let attention = AttentionHeads::check(
+        arch_config,
+        HeadKeys::LLAMA,
+        (h, config.num_attention_heads, config.num_key_value_heads),
+        HeadDim::Declared(config.head_dim),
+    )?;
+    let delta = DeltaNetSpec {
+        hidden: h,
+        key_heads: config.linear_num_key_heads,
+        value_heads: config.linear_num_value_heads,
+        key_head_dim: config.linear_key_head_dim,
+        value_head_dim: config.linear_value_head_dim,
+        conv_kernel: config.linear_conv_kernel_dim,
+        activation,
+        eps,
+    };
+    delta.check(arch_config)?;
+    let projections = match family {
+        Family::Qwen3Next => ProjectionLayout::Grouped,
+        Family::Qwen35 | Family::Qwen35Moe => ProjectionLayout::Separate,
+    };
+    let rotary = config.rope(arch_config)?.rotary(attention.head_dim);
+    let dense = match (family, config.intermediate_size) {
+        (Family::Qwen35Moe, _) => None,
+        (_, Some(inner)) => Some(GatedMlpSpec {
             hidden: h,
-            key_heads: config.linear_num_key_heads,
-            value_heads: config.linear_num_value_heads,
-            key_head_dim: config.linear_key_head_dim,
-            value_head_dim: config.linear_value_head_dim,
-            conv_kernel: config.linear_conv_kernel_dim,
+            inner,
+            bias: false,
             activation,
-            eps,
-        };
-        delta.check(arch_config)?;
-        let projections = match family {
-            Family::Qwen3Next => ProjectionLayout::Grouped,
-            Family::Qwen35 | Family::Qwen35Moe => ProjectionLayout::Separate,
-        };
-        let (theta, rotary_dims) = config.rotary(arch_config, head_dim)?;
-        let dense = match (family, config.intermediate_size) {
-            (Family::Qwen35Moe, _) => None,
-            (_, Some(inner)) => Some(GatedMlpSpec {
+        }),
+        (_, None) => None,
+    };
+    let mut model = loader.pp_stored(&["model.language_model", "model"]);
+    let embed_tokens = Embedding::load(model.pp("embed_tokens"), config.vocab_size, h)?;
+    let mut layers = Vec::new();
+    for i in 0..config.num_hidden_layers {
+        let mut layer = model.pp(format!("layers.{i}"));
+        let mixer = if config.is_attention(arch_config, i)? {
+            let spec = ProjectedAttentionSpec {
+                layer: i,
                 hidden: h,
-                inner,
-                bias: false,
-                activation,
-            }),
-            (_, None) => None,
-        };
-        let prefix = loader.prefix(&["model.language_model.", "model."]);
-        let embed_tokens = Embedding::load(
-            loader,
-            &format!("{prefix}embed_tokens.weight"),
-            config.vocab_size,
-            h,
-        )?;
-        let mut layers = Vec::new();
-        let mut blocks = Vec::new();
-        for i in 0..config.num_hidden_layers {
-            let name = |rest: &str| format!("{prefix}layers.{i}.{rest}");
-            let (mixer, kind) = if config.is_attention(arch_config, i)? {
-                let spec = ProjectedAttentionSpec {
-                    layer: i,
-                    hidden: h,
-                    heads,
-                    kv_heads,
-                    head_dim,
-                    qkv_bias: config.attention_bias,
-                    o_bias: config.attention_bias,
-                    qk_norm: Some(QkNorm {
-                        eps,
-                        unit_offset: true,
-                    }),
-                    output_gate: true,
-                };
-                let attention = ProjectedAttention::load(loader, &name("self_attn"), &spec)?;
-                (
-                    LayerMixer::Attention(Box::new(attention)),
-                    LayerSpec::attention(heads, kv_heads, head_dim),
-                )
-            } else {
-                let mixer =
-                    GatedDeltaNet::load(loader, &name("linear_attn"), (i, projections), delta)?;
-                let layer = LayerSpec {
-                    mixer: delta.kind(),
-                    has_mlp: true,
-                };
-                (LayerMixer::Other(Box::new(mixer)), layer)
-            };
-            let mlp = match (config.moe(family, i, activation), dense) {
-                (Some(moe), _) => {
-                    Mlp::Sparse(Box::new(SparseMoe::load(loader, &name("mlp"), &moe)?))
-                }
-                (None, Some(dense)) => {
-                    Mlp::Dense(Box::new(GatedMlp::load(loader, &name("mlp"), &dense)?))
-                }
-                (None, None) => {
-                    return Err(arch_config.unsupported(format!(
-                        "layer {i} has a dense MLP but the config has no intermediate_size"
-                    )));
-                }
-            };
-            layers.push(kind);
-            blocks.push(DecoderLayer {
-                input_norm: RmsNorm::load_unit_offset(loader, &name("input_layernorm"), h, eps)?,
-                mixer,
-                post_norm: RmsNorm::load_unit_offset(
-                    loader,
-                    &name("post_attention_layernorm"),
-                    h,
+                heads: attention.heads,
+                kv_heads: attention.kv_heads,
+                head_dim: attention.head_dim,
+                qkv_bias: config.attention_bias,
+                o_bias: config.attention_bias,
+                qk_norm: Some(QkNorm {
                     eps,
-                )?,
-                feed_forward: mlp,
-            });
-        }
-        let norm = RmsNorm::load_unit_offset(loader, &format!("{prefix}norm"), h, eps)?;
-        let tied = config.tie_word_embeddings || tied_at_top || !loader.contains("lm_head.weight");
-        let lm_head = Linear::head(loader, "lm_head", &embed_tokens, tied)?;
-        Ok(Hybrid {
-            layout: ModelLayout {
-                hidden: h,
-                vocab: config.vocab_size,
-                layers,
-            },
-            decoder: HybridDecoder {
-                embed_tokens,
-                rotary: Rotary::new(rotary_dims, theta, RopeScaling::Default),
-                layers: blocks,
-                norm,
-                lm_head,
-            },
-        })
+                    unit_offset: true,
+                }),
+                output_gate: true,
+            };
+            let attention = ProjectedAttention::load(layer.pp("self_attn"), &spec)?;
+            LayerMixer::Attention(Box::new(attention))
+        } else {
+            let mixer = GatedDeltaNet::load(layer.pp("linear_attn"), (i, projections), delta)?;
+            LayerMixer::Other(Box::new(mixer))
+        };
+        let mlp = match (config.moe(family, i, activation), dense) {
+            (Some(moe), _) => Mlp::Sparse(Box::new(SparseMoe::load(layer.pp("mlp"), &moe)?)),
+            (None, Some(dense)) => Mlp::Dense(Box::new(GatedMlp::load(layer.pp("mlp"), &dense)?)),
+            (None, None) => {
+                return Err(arch_config.unsupported(format!(
+                    "layer {i} has a dense MLP but the config has no intermediate_size"
+                )));
+            }
+        };
+        layers.push(DecoderLayer {
+            input_norm: RmsNorm::load_unit_offset(layer.pp("input_layernorm"), h, eps)?,
+            mixer,
+            post_norm: RmsNorm::load_unit_offset(layer.pp("post_attention_layernorm"), h, eps)?,
+            feed_forward: mlp,
+        });
     }
-}
-
-impl CausalLm for Hybrid {
-    fn layout(&self) -> &ModelLayout {
-        &self.layout
-    }
-
-    fn forward(&self, call: &mut Call<'_>) -> Result<Tensor<3>> {
-        self.decoder.forward(call)
-    }
-
-    fn unembed(&self, hidden: Tensor<3>) -> Tensor<3> {
-        self.decoder.unembed(hidden)
-    }
+    let norm = RmsNorm::load_unit_offset(model.pp("norm"), h, eps)?;
+    let tied = config.tie_word_embeddings || tied_at_top || !loader.contains("lm_head.weight");
+    let lm_head = Linear::head(loader.pp("lm_head"), &embed_tokens, tied)?;
+    Ok(HybridDecoder::new(DecoderParts {
+        embed_tokens,
+        rotary,
+        layers,
+        norm,
+        lm_head,
+    }))
 }

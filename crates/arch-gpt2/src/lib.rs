@@ -8,6 +8,7 @@
 //! `Conv1D` weights laid out `[in, out]`, `lm_head.weight` stored only when untied.
 
 use hookscope_core::burn::tensor::Tensor;
+use hookscope_core::config::{AttentionHeads, HeadDim, HeadKeys};
 use hookscope_core::nn::{
     Activation, Embedding, LayerNorm, Linear, SoftmaxAttention, residual_block,
 };
@@ -97,21 +98,22 @@ impl Gpt2 {
         if config.add_cross_attention {
             return Err(arch_config.unsupported("add_cross_attention (encoder-decoder GPT-2)"));
         }
-        let (h, heads) = (config.n_embd, config.n_head);
-        if heads == 0 || !h.is_multiple_of(heads) {
-            return Err(
-                arch_config.unsupported(format!("n_embd {h} is not a multiple of n_head {heads}"))
-            );
-        }
-        let head_dim = h / heads;
+        let h = config.n_embd;
+        let keys = HeadKeys {
+            hidden: "n_embd",
+            heads: "n_head",
+            kv_heads: "n_head",
+        };
+        let AttentionHeads {
+            heads, head_dim, ..
+        } = AttentionHeads::check(arch_config, keys, (h, config.n_head, None), HeadDim::Split)?;
         let inner = config.n_inner.unwrap_or(4 * h);
-        let prefix = loader.prefix(&["transformer.", ""]);
-        let name = |rest: &str| format!("{prefix}{rest}");
-        let wte = Embedding::load(loader, &name("wte.weight"), config.vocab_size, h)?;
-        let wpe = Embedding::load(loader, &name("wpe.weight"), config.n_positions, h)?;
+        let mut transformer = loader.pp_stored(&["transformer", ""]);
+        let wte = Embedding::load(transformer.pp("wte"), config.vocab_size, h)?;
+        let wpe = Embedding::load(transformer.pp("wpe"), config.n_positions, h)?;
         let blocks = (0..config.n_layer)
             .map(|i| {
-                let block = |rest: &str| name(&format!("h.{i}.{rest}"));
+                let mut block = transformer.pp(format!("h.{i}"));
                 let mut scale = if config.scale_attn_weights {
                     (head_dim as f64).powf(-0.5)
                 } else {
@@ -120,9 +122,10 @@ impl Gpt2 {
                 if config.scale_attn_by_inverse_layer_idx {
                     scale /= (i + 1) as f64;
                 }
+                let eps = config.layer_norm_epsilon;
                 Ok(Block {
-                    ln_1: LayerNorm::load(loader, &block("ln_1"), h, config.layer_norm_epsilon)?,
-                    c_attn: Linear::load_conv1d(loader, &block("attn.c_attn"), h, 3 * h)?,
+                    ln_1: LayerNorm::load(block.pp("ln_1"), h, eps)?,
+                    c_attn: Linear::load_conv1d(block.pp("attn.c_attn"), h, 3 * h)?,
                     attention: SoftmaxAttention {
                         layer: i,
                         heads,
@@ -130,15 +133,15 @@ impl Gpt2 {
                         head_dim,
                         scale,
                     },
-                    c_proj: Linear::load_conv1d(loader, &block("attn.c_proj"), h, h)?,
-                    ln_2: LayerNorm::load(loader, &block("ln_2"), h, config.layer_norm_epsilon)?,
-                    c_fc: Linear::load_conv1d(loader, &block("mlp.c_fc"), h, inner)?,
-                    mlp_proj: Linear::load_conv1d(loader, &block("mlp.c_proj"), inner, h)?,
+                    c_proj: Linear::load_conv1d(block.pp("attn.c_proj"), h, h)?,
+                    ln_2: LayerNorm::load(block.pp("ln_2"), h, eps)?,
+                    c_fc: Linear::load_conv1d(block.pp("mlp.c_fc"), h, inner)?,
+                    mlp_proj: Linear::load_conv1d(block.pp("mlp.c_proj"), inner, h)?,
                 })
             })
             .collect::<Result<_>>()?;
-        let ln_f = LayerNorm::load(loader, &name("ln_f"), h, config.layer_norm_epsilon)?;
-        let lm_head = Linear::head(loader, "lm_head", &wte, config.tie_word_embeddings)?;
+        let ln_f = LayerNorm::load(transformer.pp("ln_f"), h, config.layer_norm_epsilon)?;
+        let lm_head = Linear::head(loader.pp("lm_head"), &wte, config.tie_word_embeddings)?;
         let layer = LayerSpec::attention(heads, heads, head_dim);
         Ok(Gpt2 {
             layout: ModelLayout::uniform(h, config.vocab_size, layer, config.n_layer),

@@ -1,9 +1,9 @@
 //! `config.json` of Llama-family checkpoints, and what of it this adapter can run.
 
-use hookscope_core::nn::RopeScaling;
+use hookscope_core::config::{AttentionHeads, HeadDim, HeadKeys};
+use hookscope_core::nn::{Rope, RopeParameters, RopeRules, RotaryFraction};
 use hookscope_core::{ArchConfig, Result};
 use serde::Deserialize;
-use serde_json::Value;
 
 /// The fields the forward pass depends on.
 #[derive(Debug, Clone, Deserialize)]
@@ -54,10 +54,10 @@ pub struct LlamaConfig {
     pub rope_theta: Option<f64>,
     /// New-style rotary parameters.
     #[serde(default)]
-    pub rope_parameters: Option<Value>,
+    pub rope_parameters: Option<RopeParameters>,
     /// Old-style rotary scaling.
     #[serde(default)]
-    pub rope_scaling: Option<Value>,
+    pub rope_scaling: Option<RopeParameters>,
     /// Llama 2's tensor-parallel pretraining split (unsupported when > 1).
     #[serde(default)]
     pub pretraining_tp: Option<usize>,
@@ -71,17 +71,6 @@ fn default_act() -> String {
 }
 
 impl LlamaConfig {
-    /// Key/value heads.
-    pub fn kv_heads(&self) -> usize {
-        self.num_key_value_heads.unwrap_or(self.num_attention_heads)
-    }
-
-    /// Head dimension.
-    pub fn head_dim(&self) -> usize {
-        self.head_dim
-            .unwrap_or(self.hidden_size / self.num_attention_heads.max(1))
-    }
-
     /// Whether q/k/v carry biases, and whether o does.
     pub fn attention_biases(&self) -> (bool, bool) {
         match self.model_type.as_str() {
@@ -90,15 +79,18 @@ impl LlamaConfig {
         }
     }
 
-    /// Refuses what this adapter would get wrong, with the reason.
-    pub fn check(&self, config: &ArchConfig) -> Result<()> {
-        let heads = self.num_attention_heads;
-        if heads == 0 || self.kv_heads() == 0 || !heads.is_multiple_of(self.kv_heads()) {
-            return Err(config.unsupported(format!(
-                "num_attention_heads {heads} is not a multiple of num_key_value_heads {}",
-                self.kv_heads()
-            )));
-        }
+    /// The attention heads; refuses what this adapter would get wrong, with the reason.
+    pub fn check(&self, config: &ArchConfig) -> Result<AttentionHeads> {
+        let heads = AttentionHeads::check(
+            config,
+            HeadKeys::LLAMA,
+            (
+                self.hidden_size,
+                self.num_attention_heads,
+                self.num_key_value_heads,
+            ),
+            HeadDim::Declared(self.head_dim),
+        )?;
         if self.pretraining_tp.unwrap_or(1) > 1 {
             return Err(config.unsupported("pretraining_tp > 1"));
         }
@@ -114,68 +106,18 @@ impl LlamaConfig {
                 self.sliding_window, self.max_position_embeddings
             )));
         }
-        Ok(())
+        Ok(heads)
     }
 
-    /// The rotary base and scaling, from `rope_parameters` or the older `rope_theta` and
+    /// The rotary embedding, from `rope_parameters` or the older `rope_theta` and
     /// `rope_scaling`.
-    pub fn rope(&self, config: &ArchConfig) -> Result<(f64, RopeScaling)> {
-        let params = self
-            .rope_parameters
-            .as_ref()
-            .or(self.rope_scaling.as_ref())
-            .filter(|v| !v.is_null());
-        let number = |key: &str| params.and_then(|p| p.get(key)).and_then(Value::as_f64);
-        let theta = number("rope_theta").or(self.rope_theta).unwrap_or(10_000.0);
-        let kind = params
-            .and_then(|p| p.get("rope_type").or_else(|| p.get("type")))
-            .and_then(Value::as_str)
-            .unwrap_or("default");
-        let require = |key: &str| {
-            number(key)
-                .ok_or_else(|| config.unsupported(format!("rope type `{kind}` needs `{key}`")))
+    pub fn rope(&self, config: &ArchConfig) -> Result<Rope> {
+        let rules = RopeRules {
+            scaled: Some(self.max_position_embeddings),
+            theta: self.rope_theta,
+            fraction: RotaryFraction::Full,
         };
-        // What transformers' rope validation checks, in its words.
-        if let Some(factor) = number("factor").filter(|f| f.is_nan() || *f < 1.0) {
-            return Err(config.unsupported(format!(
-                "`rope_parameters`'s factor field must be a float >= 1, got {factor}"
-            )));
-        }
-        if !(theta > 0.0 && theta.is_finite()) {
-            return Err(config.unsupported(format!("rope_theta must be positive, got {theta}")));
-        }
-        if let (Some(low), Some(high)) = (number("low_freq_factor"), number("high_freq_factor"))
-            && high <= low
-        {
-            return Err(config.unsupported(format!(
-                "`rope_parameters`'s high_freq_factor field must be greater than \
-                 low_freq_factor, got high_freq_factor={high} and low_freq_factor={low}"
-            )));
-        }
-        if number("partial_rotary_factor").is_some_and(|f| f != 1.0) {
-            return Err(config.unsupported("partial_rotary_factor != 1"));
-        }
-        let scaling = match kind {
-            "default" => RopeScaling::Default,
-            "linear" => RopeScaling::Linear {
-                factor: require("factor")?,
-            },
-            "dynamic" => RopeScaling::Dynamic {
-                factor: require("factor")?,
-                max_positions: self.max_position_embeddings,
-            },
-            "llama3" => RopeScaling::Llama3 {
-                factor: require("factor")?,
-                low_freq_factor: require("low_freq_factor")?,
-                high_freq_factor: require("high_freq_factor")?,
-                original_max_positions: require("original_max_position_embeddings")?,
-            },
-            other => {
-                return Err(config.unsupported(format!(
-                    "rope type `{other}` (supported: default, linear, dynamic, llama3)"
-                )));
-            }
-        };
-        Ok((theta, scaling))
+        let params = self.rope_parameters.as_ref().or(self.rope_scaling.as_ref());
+        Rope::parse(config, params, rules)
     }
 }

@@ -12,12 +12,11 @@
 //! window and the SSM state in the cache.
 
 use hookscope_core::burn::tensor::{Tensor, activation};
-use hookscope_core::cache::RecurrentState;
 use hookscope_core::nn::{
-    Activation, CausalConv1d, Embedding, Linear, RmsNorm, ScanInputs, residual_block,
-    selective_readout, selective_scan, selective_step, silu,
+    Activation, CausalConv1d, Embedding, Linear, Recurrence, RecurrentSites, RmsNorm, ScanInputs,
+    residual_block, selective_readout, selective_scan, selective_step, silu,
 };
-use hookscope_core::schema::{LayerSpec, MixerKind};
+use hookscope_core::schema::{LayerSpec, MixerKind, MixerNamespace};
 use hookscope_core::{
     ArchConfig, Architecture, Call, CausalLm, MixerSite, ModelLayout, Result, Site, WeightLoader,
 };
@@ -136,53 +135,41 @@ impl Mamba {
         let (h, e, n) = (config.hidden_size, config.inner(), config.state_size);
         let rank = config.time_step_rank(arch_config)?;
         let eps = config.layer_norm_epsilon;
-        let embeddings =
-            Embedding::load(loader, "backbone.embeddings.weight", config.vocab_size, h)?;
+        let mut backbone = loader.pp("backbone");
+        let embeddings = Embedding::load(backbone.pp("embeddings"), config.vocab_size, h)?;
         let blocks = (0..config.num_hidden_layers)
             .map(|i| {
-                let name = |rest: &str| format!("backbone.layers.{i}.{rest}");
-                let a_log: Tensor<2> = loader.tensor(&name("mixer.A_log"), [e, n])?;
+                let mut layer = backbone.pp(format!("layers.{i}"));
+                let a_log: Tensor<2> = layer.tensor("mixer.A_log", [e, n])?;
+                let norm = RmsNorm::load(layer.pp("norm"), h, eps)?;
+                let mut mixer = layer.pp("mixer");
                 Ok(Block {
-                    norm: RmsNorm::load(loader, &name("norm"), h, eps)?,
+                    norm,
                     mixer: Mixer {
                         in_proj: Linear::load_torch(
-                            loader,
-                            &name("mixer.in_proj"),
+                            mixer.pp("in_proj"),
                             h,
                             2 * e,
                             config.use_bias,
                         )?,
                         conv: CausalConv1d::load(
-                            loader,
-                            &name("mixer.conv1d"),
+                            mixer.pp("conv1d"),
                             e,
                             config.conv_kernel,
                             config.use_conv_bias,
                         )?,
-                        x_proj: Linear::load_torch(
-                            loader,
-                            &name("mixer.x_proj"),
-                            e,
-                            rank + 2 * n,
-                            false,
-                        )?,
-                        dt_proj: Linear::load_torch(loader, &name("mixer.dt_proj"), rank, e, true)?,
+                        x_proj: Linear::load_torch(mixer.pp("x_proj"), e, rank + 2 * n, false)?,
+                        dt_proj: Linear::load_torch(mixer.pp("dt_proj"), rank, e, true)?,
                         a: a_log.exp().neg(),
-                        d: loader.tensor(&name("mixer.D"), [e])?,
-                        out_proj: Linear::load_torch(
-                            loader,
-                            &name("mixer.out_proj"),
-                            e,
-                            h,
-                            config.use_bias,
-                        )?,
+                        d: mixer.tensor("D", [e])?,
+                        out_proj: Linear::load_torch(mixer.pp("out_proj"), e, h, config.use_bias)?,
                     },
                 })
             })
             .collect::<Result<_>>()?;
-        let norm_f = RmsNorm::load(loader, "backbone.norm_f", h, eps)?;
+        let norm_f = RmsNorm::load(backbone.pp("norm_f"), h, eps)?;
         let tied = config.tie_word_embeddings && !loader.contains("lm_head.weight");
-        let lm_head = Linear::head(loader, "lm_head", &embeddings, tied)?;
+        let lm_head = Linear::head(loader.pp("lm_head"), &embeddings, tied)?;
         let layer = LayerSpec {
             mixer: MixerKind::Mamba1 { inner: e, state: n },
             has_mlp: false,
@@ -208,7 +195,6 @@ impl Mamba {
         x: Tensor<3>,
         call: &mut Call<'_>,
     ) -> Result<Tensor<3>> {
-        let [batch, tokens, _] = x.dims();
         let (e, n, rank) = (self.inner, self.state, self.rank);
         let real = call.token_mask().unsqueeze_dim::<3>(2);
         // Padding positions feed zeros to the convolution and the scan. They are zeroed after
@@ -217,41 +203,73 @@ impl Mamba {
         let projected = mixer.in_proj.forward(x);
         let xs = projected.clone().slice_dim(2, 0..e) * real.clone();
         let gate = projected.slice_dim(2, e..2 * e);
-        let carried = call.state::<RecurrentState<3>>(layer)?;
-        let (conv_out, window) = mixer.conv.forward(xs, carried.conv.take());
-        carried.conv = Some(window);
-        let initial = carried.state.take();
-        let xs = self.activation.forward(conv_out) * real;
-        let params = mixer.x_proj.forward(xs.clone());
-        let dt = params.clone().slice_dim(2, 0..rank);
-        let b = params.clone().slice_dim(2, rank..rank + n);
-        let c = params.slice_dim(2, rank + n..rank + 2 * n);
-        let dt = activation::softplus(mixer.dt_proj.forward(dt), 1.0);
-
-        let site = |s| Site::self_attn(layer, s);
-        let initial = initial.unwrap_or_else(|| Tensor::zeros([batch, e, n], &xs.device()));
-        let mut state = call.visit(site(MixerSite::StateInput), initial)?;
-        let y = if tokens == 1 {
-            // A decode step: the (possibly written) state output is what this step reads.
-            let (dt, x) = (dt.reshape([batch, e]), xs.clone().reshape([batch, e]));
-            state = selective_step(dt, x, b.reshape([batch, n]), &mixer.a, state);
-            state = call.visit(site(MixerSite::StateOutput), state)?;
-            selective_readout(&state, c.reshape([batch, n])).reshape([batch, 1, e])
-        } else {
-            let inputs = ScanInputs {
-                dt,
-                x: xs.clone(),
-                b,
-                c,
-            };
-            let (y, last) = selective_scan(&inputs, &mixer.a, state);
-            state = call.visit(site(MixerSite::StateOutput), last)?;
-            y
+        let sites = RecurrentSites {
+            layer,
+            namespace: MixerNamespace::SelfAttn,
         };
-        call.state::<RecurrentState<3>>(layer)?.state = Some(state);
-        let y = y + xs * mixer.d.clone().unsqueeze::<3>();
-        let y = call.visit(site(MixerSite::AttentionHeadOutputs), y)?;
+        let y = sites.run(&mixer.conv, xs, call, |conv_out, _, _| {
+            let xs = self.activation.forward(conv_out) * real;
+            let params = mixer.x_proj.forward(xs.clone());
+            let dt = params.clone().slice_dim(2, 0..rank);
+            let b = params.clone().slice_dim(2, rank..rank + n);
+            let c = params.slice_dim(2, rank + n..rank + 2 * n);
+            let dt = activation::softplus(mixer.dt_proj.forward(dt), 1.0);
+            Ok(Selective {
+                inputs: ScanInputs { dt, x: xs, b, c },
+                mixer,
+            })
+        })?;
+        let y = call.visit(Site::self_attn(layer, MixerSite::AttentionHeadOutputs), y)?;
         Ok(mixer.out_proj.forward(y * silu(gate)))
+    }
+}
+
+/// One call's selective scan of a layer: its inputs and the layer's `A` and `D`.
+struct Selective<'m> {
+    inputs: ScanInputs,
+    mixer: &'m Mixer,
+}
+
+impl Selective<'_> {
+    /// The batch, inner and state sizes `[B, E, N]`.
+    fn sizes(&self) -> [usize; 3] {
+        let [batch, _, e] = self.inputs.x.dims();
+        [batch, e, self.mixer.a.dims()[1]]
+    }
+
+    /// The scan output `y` with the `D` skip.
+    fn skip(&self, y: Tensor<3>) -> Tensor<3> {
+        y + self.inputs.x.clone() * self.mixer.d.clone().unsqueeze::<3>()
+    }
+}
+
+impl Recurrence<3> for Selective<'_> {
+    type Output = Tensor<3>;
+
+    fn zero_state(&self) -> Tensor<3> {
+        Tensor::zeros(self.sizes(), &self.inputs.x.device())
+    }
+
+    fn step(&self, state: Tensor<3>) -> Tensor<3> {
+        let [batch, e, n] = self.sizes();
+        let inputs = &self.inputs;
+        let (dt, x) = (
+            inputs.dt.clone().reshape([batch, e]),
+            inputs.x.clone().reshape([batch, e]),
+        );
+        let b = inputs.b.clone().reshape([batch, n]);
+        selective_step(dt, x, b, &self.mixer.a, state)
+    }
+
+    fn read_out(&self, state: &Tensor<3>) -> Tensor<3> {
+        let [batch, e, n] = self.sizes();
+        let c = self.inputs.c.clone().reshape([batch, n]);
+        self.skip(selective_readout(state, c).reshape([batch, 1, e]))
+    }
+
+    fn scan(self, state: Tensor<3>) -> Result<(Tensor<3>, Tensor<3>)> {
+        let (y, last) = selective_scan(&self.inputs, &self.mixer.a, state);
+        Ok((self.skip(y), last))
     }
 }
 

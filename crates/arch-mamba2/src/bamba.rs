@@ -7,14 +7,13 @@
 //! layer `mlp_output`; each kind carries its own state (a key/value cache, or a convolution
 //! window and SSM state) in the one model cache.
 
-use hookscope_core::burn::tensor::Tensor;
-use hookscope_core::config::ConfigFloat;
+use hookscope_core::config::{AttentionHeads, ConfigFloat, HeadDim, HeadKeys};
 use hookscope_core::nn::{
-    Activation, DecoderLayer, Embedding, GatedMlp, GatedMlpSpec, HybridDecoder, LayerMixer, Linear,
-    ProjectedAttention, ProjectedAttentionSpec, RmsNorm, RopeScaling, Rotary,
+    Activation, DecoderLayer, DecoderParts, Embedding, GatedMlp, GatedMlpSpec, HybridDecoder,
+    LayerMixer, Linear, ProjectedAttention, ProjectedAttentionSpec, RmsNorm, Rope, RopeParameters,
+    RopeRules, RotaryFraction,
 };
-use hookscope_core::schema::LayerSpec;
-use hookscope_core::{ArchConfig, Call, CausalLm, ModelLayout, Result, WeightLoader};
+use hookscope_core::{ArchConfig, Result, WeightLoader};
 use serde::Deserialize;
 use serde_json::Value;
 
@@ -88,7 +87,7 @@ pub struct BambaConfig {
     pub mlp_bias: bool,
     /// Rotary parameters (new style).
     #[serde(default)]
-    pub rope_parameters: Option<Value>,
+    pub rope_parameters: Option<RopeParameters>,
     /// Rotary base (old style).
     #[serde(default)]
     pub rope_theta: Option<f64>,
@@ -143,151 +142,100 @@ impl BambaConfig {
         }
     }
 
-    fn rope_theta(&self, config: &ArchConfig) -> Result<f64> {
-        let params = self.rope_parameters.as_ref().filter(|p| !p.is_null());
-        let kind = params
-            .and_then(|p| p.get("rope_type"))
-            .and_then(Value::as_str)
-            .unwrap_or("default");
-        if kind != "default" {
-            return Err(config.unsupported(format!("rope type `{kind}` (Bamba: default only)")));
-        }
-        Ok(params
-            .and_then(|p| p.get("rope_theta"))
-            .and_then(Value::as_f64)
-            .or(self.rope_theta)
-            .unwrap_or(10_000.0))
+    fn rope(&self, config: &ArchConfig) -> Result<Rope> {
+        let rules = RopeRules {
+            scaled: None,
+            theta: self.rope_theta,
+            fraction: RotaryFraction::Fixed(PARTIAL_ROTARY_FACTOR),
+        };
+        Rope::parse(config, self.rope_parameters.as_ref(), rules)
     }
 }
 
 /// A loaded Bamba.
-pub struct Bamba {
-    layout: ModelLayout,
-    decoder: HybridDecoder<Mamba2Mixer, GatedMlp>,
-}
+pub type Bamba = HybridDecoder<Mamba2Mixer, GatedMlp>;
 
-impl Bamba {
-    /// Builds the model from its config and weights.
-    pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<Self> {
-        let config: BambaConfig = arch_config.parse()?;
-        let activation = Activation::from_config(arch_config, "hidden_act", &config.hidden_act)?;
-        let (h, eps) = (config.hidden_size, config.rms_norm_eps);
-        let heads = config.num_attention_heads;
-        let kv_heads = config.num_key_value_heads.unwrap_or(heads);
-        if heads == 0
-            || kv_heads == 0
-            || !h.is_multiple_of(heads)
-            || !heads.is_multiple_of(kv_heads)
-        {
-            return Err(arch_config.unsupported(format!(
-                "hidden_size {h}, {heads} attention heads and {kv_heads} key/value heads do not divide"
-            )));
-        }
-        let head_dim = h / heads;
-        let mamba = MixerSpec {
-            hidden: h,
-            heads: config.mamba_n_heads,
-            head_dim: config.mamba_head_dim(arch_config)?,
-            groups: config.mamba_n_groups,
-            state: config.mamba_d_state,
-            conv_kernel: config.mamba_d_conv,
-            chunk: config.mamba_chunk_size,
-            proj_bias: config.mamba_proj_bias,
-            conv_bias: config.mamba_conv_bias,
-            activation,
-            eps,
-            dt_limit: dt_limit(config.time_step_limit),
-        };
-        mamba.check(arch_config, config.mamba_expand)?;
-        let attention_layers = config.attn_layer_indices.clone().unwrap_or_default();
-        if let Some(bad) = attention_layers
-            .iter()
-            .find(|i| **i >= config.num_hidden_layers)
-        {
-            return Err(arch_config.unsupported(format!(
-                "attn_layer_indices names layer {bad} of {}",
-                config.num_hidden_layers
-            )));
-        }
-        let mlp = GatedMlpSpec {
-            hidden: h,
-            inner: config.intermediate_size,
-            bias: config.mlp_bias,
-            activation,
-        };
-        let embed_tokens =
-            Embedding::load(loader, "model.embed_tokens.weight", config.vocab_size, h)?;
-        let mut layers = Vec::new();
-        let blocks = (0..config.num_hidden_layers)
-            .map(|i| {
-                let name = |rest: &str| format!("model.layers.{i}.{rest}");
-                let (mixer, kind) = if attention_layers.contains(&i) {
-                    let spec = ProjectedAttentionSpec {
-                        layer: i,
-                        hidden: h,
-                        heads,
-                        kv_heads,
-                        head_dim,
-                        qkv_bias: config.attention_bias,
-                        o_bias: config.attention_bias,
-                        qk_norm: None,
-                        output_gate: false,
-                    };
-                    let attention = ProjectedAttention::load(loader, &name("self_attn"), &spec)?;
-                    let layer = LayerSpec::attention(heads, kv_heads, head_dim);
-                    (LayerMixer::Attention(Box::new(attention)), layer)
-                } else {
-                    let mixer = Mamba2Mixer::load(loader, &name("mamba"), i, mamba)?;
-                    let layer = LayerSpec {
-                        mixer: mamba.kind(),
-                        has_mlp: true,
-                    };
-                    (LayerMixer::Other(Box::new(mixer)), layer)
+/// Builds the model from its config and weights.
+pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<Bamba> {
+    let config: BambaConfig = arch_config.parse()?;
+    let activation = Activation::from_config(arch_config, "hidden_act", &config.hidden_act)?;
+    let (h, eps) = (config.hidden_size, config.rms_norm_eps);
+    let attention = AttentionHeads::check(
+        arch_config,
+        HeadKeys::LLAMA,
+        (h, config.num_attention_heads, config.num_key_value_heads),
+        HeadDim::Split,
+    )?;
+    let mamba = MixerSpec {
+        hidden: h,
+        heads: config.mamba_n_heads,
+        head_dim: config.mamba_head_dim(arch_config)?,
+        groups: config.mamba_n_groups,
+        state: config.mamba_d_state,
+        conv_kernel: config.mamba_d_conv,
+        chunk: config.mamba_chunk_size,
+        proj_bias: config.mamba_proj_bias,
+        conv_bias: config.mamba_conv_bias,
+        activation,
+        eps,
+        dt_limit: dt_limit(config.time_step_limit),
+    };
+    mamba.check(arch_config, config.mamba_expand)?;
+    let attention_layers = config.attn_layer_indices.clone().unwrap_or_default();
+    if let Some(bad) = attention_layers
+        .iter()
+        .find(|i| **i >= config.num_hidden_layers)
+    {
+        return Err(arch_config.unsupported(format!(
+            "attn_layer_indices names layer {bad} of {}",
+            config.num_hidden_layers
+        )));
+    }
+    let mlp = GatedMlpSpec {
+        hidden: h,
+        inner: config.intermediate_size,
+        bias: config.mlp_bias,
+        activation,
+    };
+    let mut model = loader.pp("model");
+    let embed_tokens = Embedding::load(model.pp("embed_tokens"), config.vocab_size, h)?;
+    let layers = (0..config.num_hidden_layers)
+        .map(|i| {
+            let mut layer = model.pp(format!("layers.{i}"));
+            let mixer = if attention_layers.contains(&i) {
+                let spec = ProjectedAttentionSpec {
+                    layer: i,
+                    hidden: h,
+                    heads: attention.heads,
+                    kv_heads: attention.kv_heads,
+                    head_dim: attention.head_dim,
+                    qkv_bias: config.attention_bias,
+                    o_bias: config.attention_bias,
+                    qk_norm: None,
+                    output_gate: false,
                 };
-                layers.push(kind);
-                Ok(DecoderLayer {
-                    input_norm: RmsNorm::load(loader, &name("input_layernorm"), h, eps)?,
-                    mixer,
-                    post_norm: RmsNorm::load(loader, &name("pre_ff_layernorm"), h, eps)?,
-                    feed_forward: GatedMlp::load(loader, &name("feed_forward"), &mlp)?,
-                })
+                let attention = ProjectedAttention::load(layer.pp("self_attn"), &spec)?;
+                LayerMixer::Attention(Box::new(attention))
+            } else {
+                let mixer = Mamba2Mixer::load(layer.pp("mamba"), i, mamba)?;
+                LayerMixer::Other(Box::new(mixer))
+            };
+            Ok(DecoderLayer {
+                input_norm: RmsNorm::load(layer.pp("input_layernorm"), h, eps)?,
+                mixer,
+                post_norm: RmsNorm::load(layer.pp("pre_ff_layernorm"), h, eps)?,
+                feed_forward: GatedMlp::load(layer.pp("feed_forward"), &mlp)?,
             })
-            .collect::<Result<_>>()?;
-        let final_norm = RmsNorm::load(loader, "model.final_layernorm", h, eps)?;
-        let tied = config.tie_word_embeddings;
-        let lm_head = Linear::head(loader, "lm_head", &embed_tokens, tied)?;
-        let rotary_dims = (head_dim as f64 * PARTIAL_ROTARY_FACTOR) as usize;
-        Ok(Bamba {
-            layout: ModelLayout {
-                hidden: h,
-                vocab: config.vocab_size,
-                layers,
-            },
-            decoder: HybridDecoder {
-                embed_tokens,
-                rotary: Rotary::new(
-                    rotary_dims,
-                    config.rope_theta(arch_config)?,
-                    RopeScaling::Default,
-                ),
-                layers: blocks,
-                norm: final_norm,
-                lm_head,
-            },
         })
-    }
-}
-
-impl CausalLm for Bamba {
-    fn layout(&self) -> &ModelLayout {
-        &self.layout
-    }
-
-    fn forward(&self, call: &mut Call<'_>) -> Result<Tensor<3>> {
-        self.decoder.forward(call)
-    }
-
-    fn unembed(&self, hidden: Tensor<3>) -> Tensor<3> {
-        self.decoder.unembed(hidden)
-    }
+        .collect::<Result<_>>()?;
+    let final_norm = RmsNorm::load(model.pp("final_layernorm"), h, eps)?;
+    let tied = config.tie_word_embeddings;
+    let lm_head = Linear::head(loader.pp("lm_head"), &embed_tokens, tied)?;
+    Ok(HybridDecoder::new(DecoderParts {
+        embed_tokens,
+        rotary: config.rope(arch_config)?.rotary(attention.head_dim),
+        layers,
+        norm: final_norm,
+        lm_head,
+    }))
 }

@@ -32,14 +32,14 @@ pub static ARCHITECTURE: Architecture = hookscope_core::architecture!(
 );
 
 /// Bamba, as the registry lists it.
-pub static BAMBA_ARCHITECTURE: Architecture = hookscope_core::architecture!(
-    Bamba,
+pub static BAMBA_ARCHITECTURE: Architecture = Architecture {
     name: "bamba",
-    model_types: ["bamba"],
-    architectures: ["BambaForCausalLM"],
+    model_types: &["bamba"],
+    architectures: &["BambaForCausalLM"],
+    load: |config, loader| Ok(Box::new(bamba::load(config, loader)?)),
     tiny_config: r#"{"model_type": "bamba", "vocab_size": 61, "hidden_size": 16,
         "intermediate_size": 24, "num_hidden_layers": 3, "num_attention_heads": 4,
         "num_key_value_heads": 2, "attn_layer_indices": [1], "mamba_n_heads": 4,
         "mamba_d_head": 8, "mamba_n_groups": 1, "mamba_d_state": 4, "mamba_d_conv": 4,
         "mamba_chunk_size": 4, "eos_token_id": 60}"#,
-);
+};

@@ -132,24 +132,20 @@ impl Mamba2 {
         };
         spec.check(arch_config, config.expand)?;
         let (h, eps) = (config.hidden_size, config.layer_norm_epsilon);
-        let embeddings =
-            Embedding::load(loader, "backbone.embeddings.weight", config.vocab_size, h)?;
+        let mut backbone = loader.pp("backbone");
+        let embeddings = Embedding::load(backbone.pp("embeddings"), config.vocab_size, h)?;
         let blocks = (0..config.num_hidden_layers)
             .map(|i| {
+                let mut layer = backbone.pp(format!("layers.{i}"));
                 Ok(Block {
-                    norm: RmsNorm::load(loader, &format!("backbone.layers.{i}.norm"), h, eps)?,
-                    mixer: Mamba2Mixer::load(
-                        loader,
-                        &format!("backbone.layers.{i}.mixer"),
-                        i,
-                        spec,
-                    )?,
+                    norm: RmsNorm::load(layer.pp("norm"), h, eps)?,
+                    mixer: Mamba2Mixer::load(layer.pp("mixer"), i, spec)?,
                 })
             })
             .collect::<Result<_>>()?;
-        let norm_f = RmsNorm::load(loader, "backbone.norm_f", h, eps)?;
+        let norm_f = RmsNorm::load(backbone.pp("norm_f"), h, eps)?;
         let tied = config.tie_word_embeddings && !loader.contains("lm_head.weight");
-        let lm_head = Linear::head(loader, "lm_head", &embeddings, tied)?;
+        let lm_head = Linear::head(loader.pp("lm_head"), &embeddings, tied)?;
         let layer = LayerSpec {
             mixer: spec.kind(),
             has_mlp: false,

@@ -9,10 +9,12 @@
 //! norm).
 
 use hookscope_core::burn::tensor::{Tensor, activation};
-use hookscope_core::cache::RecurrentState;
-use hookscope_core::nn::{Activation, CausalConv1d, GatedRmsNorm, Linear, Mixer};
-use hookscope_core::schema::MixerKind;
-use hookscope_core::{ArchConfig, Call, MixerSite, Result, Site, WeightLoader};
+use hookscope_core::nn::{
+    Activation, CausalConv1d, GatedRmsNorm, Linear, Mixer, Recurrence, RecurrentSites,
+};
+use hookscope_core::schema::{MixerKind, MixerNamespace};
+use hookscope_core::weights::WeightScope;
+use hookscope_core::{ArchConfig, Call, MixerSite, Result, Site};
 
 use crate::ssd::{self, ScanInputs};
 
@@ -119,50 +121,74 @@ pub struct Mamba2Mixer {
 }
 
 impl Mamba2Mixer {
-    /// Loads the mixer of `layer` stored under `name` (`backbone.layers.3.mixer`).
-    pub fn load(
-        loader: &mut WeightLoader<'_>,
-        name: &str,
-        layer: usize,
-        spec: MixerSpec,
-    ) -> Result<Self> {
-        let weight = |part: &str| format!("{name}.{part}");
+    /// Loads the mixer of `layer` stored under `scope` (`backbone.layers.3.mixer`).
+    pub fn load(mut scope: WeightScope<'_, '_>, layer: usize, spec: MixerSpec) -> Result<Self> {
         let (hidden, inner, heads) = (spec.hidden, spec.inner(), spec.heads);
         let projected = inner + spec.conv_channels() + heads;
-        let a_log: Tensor<1> = loader.tensor(&weight("A_log"), [heads])?;
+        let a_log: Tensor<1> = scope.tensor("A_log", [heads])?;
         Ok(Mamba2Mixer {
             layer,
-            in_proj: Linear::load_torch(
-                loader,
-                &weight("in_proj"),
-                hidden,
-                projected,
-                spec.proj_bias,
-            )?,
+            in_proj: Linear::load_torch(scope.pp("in_proj"), hidden, projected, spec.proj_bias)?,
             conv: CausalConv1d::load(
-                loader,
-                &weight("conv1d"),
+                scope.pp("conv1d"),
                 spec.conv_channels(),
                 spec.conv_kernel,
                 spec.conv_bias,
             )?,
-            dt_bias: loader.tensor(&weight("dt_bias"), [heads])?,
+            dt_bias: scope.tensor("dt_bias", [heads])?,
             a: a_log.exp().neg(),
-            d: loader.tensor(&weight("D"), [heads])?,
-            norm: GatedRmsNorm::load(loader, &weight("norm"), inner, spec.groups, spec.eps)?,
-            out_proj: Linear::load_torch(
-                loader,
-                &weight("out_proj"),
-                inner,
-                hidden,
-                spec.proj_bias,
-            )?,
+            d: scope.tensor("D", [heads])?,
+            norm: GatedRmsNorm::load(scope.pp("norm"), inner, spec.groups, spec.eps)?,
+            out_proj: Linear::load_torch(scope.pp("out_proj"), inner, hidden, spec.proj_bias)?,
             spec,
         })
     }
 }
 
+/// One call's chunked scan of a layer: its inputs, the chunk length and the layer's `D`.
+struct Ssd<'m> {
+    inputs: ScanInputs,
+    chunk: usize,
+    state_size: usize,
+    d: &'m Tensor<1>,
+}
+
+/// The scan output `y` `[B, T, NH, P]` with the `D` skip over the inputs `x`.
+fn skip(y: Tensor<4>, x: Tensor<4>, d: &Tensor<1>) -> Tensor<4> {
+    let heads = x.dims()[2];
+    y + x * d.clone().reshape([1, 1, heads, 1])
+}
+
+impl Recurrence<4> for Ssd<'_> {
+    type Output = Tensor<4>;
+
+    fn zero_state(&self) -> Tensor<4> {
+        let [batch, _, heads, head_dim] = self.inputs.x.dims();
+        let shape = [batch, heads, head_dim, self.state_size];
+        Tensor::zeros(shape, &self.inputs.x.device())
+    }
+
+    fn step(&self, state: Tensor<4>) -> Tensor<4> {
+        ssd::step(&self.inputs, state)
+    }
+
+    fn read_out(&self, state: &Tensor<4>) -> Tensor<4> {
+        let y = ssd::read_out(state, &self.inputs.c);
+        skip(y, self.inputs.x.clone(), self.d)
+    }
+
+    fn scan(self, state: Tensor<4>) -> Result<(Tensor<4>, Tensor<4>)> {
+        let x = self.inputs.x.clone();
+        let (y, state) = ssd::chunked(self.inputs, state, self.chunk);
+        Ok((skip(y, x, self.d), state))
+    }
+}
+
 impl Mixer for Mamba2Mixer {
+    fn kind(&self) -> MixerKind {
+        self.spec.kind()
+    }
+
     /// The mixer on normalised `x` `[B, T, H]`, serving its sites; returns `[B, T, H]`.
     fn mix(&self, x: Tensor<3>, call: &mut Call<'_>) -> Result<Tensor<3>> {
         let [batch, tokens, _] = x.dims();
@@ -179,56 +205,51 @@ impl Mixer for Mamba2Mixer {
         let xbc = projected.clone().slice_dim(2, inner..inner + channels) * real.clone();
         let dt = projected.slice_dim(2, inner + channels..inner + channels + heads);
 
-        let carried = call.state::<RecurrentState<4>>(self.layer)?;
-        let (conv_out, window) = self.conv.forward(xbc, carried.conv.take());
-        carried.conv = Some(window);
-        let previous = carried.state.take();
-        let xbc = spec.activation.forward(conv_out) * real;
-        let xs = xbc
-            .clone()
-            .slice_dim(2, 0..inner)
-            .reshape([batch, tokens, heads, head_dim]);
-        let grouped = spec.groups * spec.state;
-        let per_group = [batch, tokens, spec.groups, spec.state];
-        let b = xbc
-            .clone()
-            .slice_dim(2, inner..inner + grouped)
-            .reshape(per_group);
-        let c = xbc
-            .slice_dim(2, inner + grouped..inner + 2 * grouped)
-            .reshape(per_group);
+        let sites = RecurrentSites {
+            layer: self.layer,
+            namespace: MixerNamespace::SelfAttn,
+        };
+        let y = sites.run(&self.conv, xbc, call, |conv_out, warm, _| {
+            let xbc = spec.activation.forward(conv_out) * real;
+            let xs = xbc
+                .clone()
+                .slice_dim(2, 0..inner)
+                .reshape([batch, tokens, heads, head_dim]);
+            let grouped = spec.groups * spec.state;
+            let per_group = [batch, tokens, spec.groups, spec.state];
+            let b = xbc
+                .clone()
+                .slice_dim(2, inner..inner + grouped)
+                .reshape(per_group);
+            let c = xbc
+                .slice_dim(2, inner + grouped..inner + 2 * grouped)
+                .reshape(per_group);
 
-        // transformers clamps dt to `time_step_limit` in the chunked scan only, not in the
-        // one-token update of a warm cache.
-        let decode = tokens == 1 && previous.is_some();
-        let dt = activation::softplus(dt + self.dt_bias.clone().unsqueeze::<3>(), 1.0);
-        let dt = match spec.dt_limit {
-            (low, high) if !decode && (low > 0.0 || high.is_finite()) => dt.clamp(low, high),
-            _ => dt,
-        };
-
-        let site = |s| Site::self_attn(self.layer, s);
-        let initial = previous
-            .unwrap_or_else(|| Tensor::zeros([batch, heads, head_dim, spec.state], &xs.device()));
-        let initial = call.visit(site(MixerSite::StateInput), initial)?;
-        let inputs = ScanInputs {
-            x: xs.clone(),
-            dt,
-            a: self.a.clone(),
-            b,
-            c,
-        };
-        let (y, state) = if tokens == 1 {
-            // One token: the (possibly written) state output is what this step reads.
-            let state = call.visit(site(MixerSite::StateOutput), ssd::step(&inputs, initial))?;
-            (ssd::read_out(&state, &inputs.c), state)
-        } else {
-            let (y, state) = ssd::chunked(inputs, initial, spec.chunk);
-            (y, call.visit(site(MixerSite::StateOutput), state)?)
-        };
-        call.state::<RecurrentState<4>>(self.layer)?.state = Some(state);
-        let y = y + xs * self.d.clone().reshape([1, 1, heads, 1]);
-        let y = call.visit(site(MixerSite::AttentionHeadOutputs), y)?;
+            // transformers clamps dt to `time_step_limit` in the chunked scan only, not in the
+            // one-token update of a warm cache.
+            let decode = tokens == 1 && warm;
+            let dt = activation::softplus(dt + self.dt_bias.clone().unsqueeze::<3>(), 1.0);
+            let dt = match spec.dt_limit {
+                (low, high) if !decode && (low > 0.0 || high.is_finite()) => dt.clamp(low, high),
+                _ => dt,
+            };
+            Ok(Ssd {
+                inputs: ScanInputs {
+                    x: xs,
+                    dt,
+                    a: self.a.clone(),
+                    b,
+                    c,
+                },
+                chunk: spec.chunk,
+                state_size: spec.state,
+                d: &self.d,
+            })
+        })?;
+        let y = call.visit(
+            Site::self_attn(self.layer, MixerSite::AttentionHeadOutputs),
+            y,
+        )?;
         let y = self.norm.forward(y.reshape([batch, tokens, inner]), gate);
         Ok(self.out_proj.forward(y))
     }

@@ -10,14 +10,15 @@
 //! public API, as an out-of-tree adapter would.
 
 use hookscope_core::burn::tensor::Tensor;
+use hookscope_core::config::{AttentionHeads, HeadDim, HeadKeys};
 use hookscope_core::nn::{
-    Activation, Embedding, LayerNorm, Linear, RopeScaling, Rotary, SoftmaxAttention,
-    parallel_residual_block, residual_block,
+    Activation, Embedding, LayerNorm, Linear, Rotary, SoftmaxAttention, parallel_residual_block,
+    residual_block,
 };
+use hookscope_core::nn::{Rope, RopeParameters, RopeRules, RotaryFraction};
 use hookscope_core::schema::LayerSpec;
 use hookscope_core::{ArchConfig, Call, CausalLm, ModelLayout, Result, Site, WeightLoader};
 use serde::Deserialize;
-use serde_json::Value;
 
 /// `config.json` of a GPT-NeoX checkpoint (the fields the forward pass depends on).
 #[derive(Debug, Clone, Deserialize)]
@@ -49,7 +50,7 @@ pub struct GptNeoxConfig {
     pub tie_word_embeddings: bool,
     /// Rotary parameters (new style).
     #[serde(default)]
-    pub rope_parameters: Option<Value>,
+    pub rope_parameters: Option<RopeParameters>,
     /// Rotated fraction of each head (old style).
     #[serde(default)]
     pub rotary_pct: Option<f64>,
@@ -69,24 +70,16 @@ fn default_true() -> bool {
 }
 
 impl GptNeoxConfig {
-    fn rope(&self, config: &ArchConfig) -> Result<(f64, f64)> {
-        let params = self.rope_parameters.as_ref();
-        let field = |key: &str| params.and_then(|p| p.get(key));
-        let kind = field("rope_type")
-            .and_then(Value::as_str)
-            .unwrap_or("default");
-        if kind != "default" {
-            return Err(config.unsupported(format!("rope type `{kind}` in this example plugin")));
-        }
-        let theta = field("rope_theta")
-            .and_then(Value::as_f64)
-            .or(self.rotary_emb_base)
-            .unwrap_or(10_000.0);
-        let fraction = field("partial_rotary_factor")
-            .and_then(Value::as_f64)
-            .or(self.rotary_pct)
-            .unwrap_or(0.25);
-        Ok((theta, fraction))
+    fn rope(&self, config: &ArchConfig) -> Result<Rope> {
+        let rules = RopeRules {
+            scaled: None,
+            theta: self.rotary_emb_base,
+            fraction: RotaryFraction::Configured {
+                legacy: self.rotary_pct,
+                default: 0.25,
+            },
+        };
+        Rope::parse(config, self.rope_parameters.as_ref(), rules)
     }
 }
 
@@ -117,29 +110,27 @@ impl GptNeox {
     pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<Self> {
         let config: GptNeoxConfig = arch_config.parse()?;
         let activation = Activation::from_config(arch_config, "hidden_act", &config.hidden_act)?;
-        let (h, heads) = (config.hidden_size, config.num_attention_heads);
-        if heads == 0 || !h.is_multiple_of(heads) {
-            return Err(arch_config.unsupported("hidden_size is not a multiple of the heads"));
-        }
-        let head_dim = h / heads;
-        let (theta, fraction) = config.rope(arch_config)?;
-        let rotary_dims = (head_dim as f64 * fraction) as usize;
+        let h = config.hidden_size;
+        let AttentionHeads {
+            heads, head_dim, ..
+        } = AttentionHeads::check(
+            arch_config,
+            HeadKeys::LLAMA,
+            (h, config.num_attention_heads, None),
+            HeadDim::Split,
+        )?;
+        let rotary = config.rope(arch_config)?.rotary(head_dim);
         let eps = config.layer_norm_eps;
         let bias = config.attention_bias;
-        let embed_in = Embedding::load(loader, "gpt_neox.embed_in.weight", config.vocab_size, h)?;
+        let mut gpt_neox = loader.pp("gpt_neox");
+        let embed_in = Embedding::load(gpt_neox.pp("embed_in"), config.vocab_size, h)?;
         let blocks = (0..config.num_hidden_layers)
             .map(|i| {
-                let name = |rest: &str| format!("gpt_neox.layers.{i}.{rest}");
+                let mut layer = gpt_neox.pp(format!("layers.{i}"));
                 Ok(Block {
-                    input_norm: LayerNorm::load(loader, &name("input_layernorm"), h, eps)?,
-                    qkv: Linear::load_torch(
-                        loader,
-                        &name("attention.query_key_value"),
-                        h,
-                        3 * h,
-                        bias,
-                    )?,
-                    dense: Linear::load_torch(loader, &name("attention.dense"), h, h, bias)?,
+                    input_norm: LayerNorm::load(layer.pp("input_layernorm"), h, eps)?,
+                    qkv: Linear::load_torch(layer.pp("attention.query_key_value"), h, 3 * h, bias)?,
+                    dense: Linear::load_torch(layer.pp("attention.dense"), h, h, bias)?,
                     attention: SoftmaxAttention {
                         layer: i,
                         heads,
@@ -148,21 +139,18 @@ impl GptNeox {
                         scale: (head_dim as f64).powf(-0.5),
                     },
                     post_attention_norm: LayerNorm::load(
-                        loader,
-                        &name("post_attention_layernorm"),
+                        layer.pp("post_attention_layernorm"),
                         h,
                         eps,
                     )?,
                     up: Linear::load_torch(
-                        loader,
-                        &name("mlp.dense_h_to_4h"),
+                        layer.pp("mlp.dense_h_to_4h"),
                         h,
                         config.intermediate_size,
                         true,
                     )?,
                     down: Linear::load_torch(
-                        loader,
-                        &name("mlp.dense_4h_to_h"),
+                        layer.pp("mlp.dense_4h_to_h"),
                         config.intermediate_size,
                         h,
                         true,
@@ -170,12 +158,13 @@ impl GptNeox {
                 })
             })
             .collect::<Result<_>>()?;
-        let final_norm = LayerNorm::load(loader, "gpt_neox.final_layer_norm", h, eps)?;
-        let embed_out = Linear::head(loader, "embed_out", &embed_in, config.tie_word_embeddings)?;
+        let final_norm = LayerNorm::load(gpt_neox.pp("final_layer_norm"), h, eps)?;
+        let tied = config.tie_word_embeddings;
+        let embed_out = Linear::head(loader.pp("embed_out"), &embed_in, tied)?;
         let layer = LayerSpec::attention(heads, heads, head_dim);
         Ok(GptNeox {
             layout: ModelLayout::uniform(h, config.vocab_size, layer, config.num_hidden_layers),
-            rotary: Rotary::new(rotary_dims, theta, RopeScaling::Default),
+            rotary,
             config,
             activation,
             embed_in,

@@ -2,6 +2,7 @@
 //! adapter that claims it, and parsed into the adapter's own serde type with every oversized
 //! integer named by its key path.
 
+mod heads;
 mod json;
 
 use std::path::{Path, PathBuf};
@@ -9,6 +10,7 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
+pub use heads::{AttentionHeads, HeadDim, HeadKeys};
 pub use json::ConfigFloat;
 
 use crate::error::{Error, Result};

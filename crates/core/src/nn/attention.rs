@@ -15,8 +15,8 @@ use crate::cache::KvCache;
 use crate::call::Call;
 use crate::cpu;
 use crate::error::Result;
-use crate::schema::{MixerSite, Site};
-use crate::weights::WeightLoader;
+use crate::schema::{MixerKind, MixerSite, Site};
+use crate::weights::WeightScope;
 
 /// The place, shape and scaling of one softmax-attention layer.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -34,6 +34,15 @@ pub struct SoftmaxAttention {
 }
 
 impl SoftmaxAttention {
+    /// The mixer kind a layout declares for this layer.
+    pub fn kind(&self) -> MixerKind {
+        MixerKind::SoftmaxAttention {
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+        }
+    }
+
     /// Attends this call's `queries` `[B, NH, T, D]` (rotary already applied) over the layer's
     /// cache extended by `keys` and `values` `[B, NKV, T, D]`, serving the mixer sites in
     /// contract order, and returns the merged head outputs `[B, T, NH * D]` for the output
@@ -165,13 +174,9 @@ pub struct ProjectedAttention {
 }
 
 impl ProjectedAttention {
-    /// Loads `{name}.q_proj` ... `{name}.o_proj` (torch layouts); scores scale by
+    /// Loads the scope's `q_proj` ... `o_proj` (torch layouts); scores scale by
     /// `1/sqrt(head_dim)`.
-    pub fn load(
-        loader: &mut WeightLoader<'_>,
-        name: &str,
-        spec: &ProjectedAttentionSpec,
-    ) -> Result<Self> {
+    pub fn load(mut scope: WeightScope<'_, '_>, spec: &ProjectedAttentionSpec) -> Result<Self> {
         let ProjectedAttentionSpec {
             layer,
             hidden,
@@ -188,19 +193,17 @@ impl ProjectedAttention {
             None => None,
             Some(QkNorm { eps, unit_offset }) => {
                 let mut norm = |part: &str| {
-                    let name = format!("{name}.{part}");
                     if unit_offset {
-                        RmsNorm::load_unit_offset(loader, &name, head_dim, eps)
+                        RmsNorm::load_unit_offset(scope.pp(part), head_dim, eps)
                     } else {
-                        RmsNorm::load(loader, &name, head_dim, eps)
+                        RmsNorm::load(scope.pp(part), head_dim, eps)
                     }
                 };
                 Some((norm("q_norm")?, norm("k_norm")?))
             }
         };
-        let mut linear = |part: &str, d_in, d_out, bias| {
-            Linear::load_torch(loader, &format!("{name}.{part}"), d_in, d_out, bias)
-        };
+        let mut linear =
+            |part: &str, d_in, d_out, bias| Linear::load_torch(scope.pp(part), d_in, d_out, bias);
         Ok(ProjectedAttention {
             q_proj: linear("q_proj", hidden, query_width, qkv_bias)?,
             k_proj: linear("k_proj", hidden, kv_heads * head_dim, qkv_bias)?,
@@ -216,6 +219,11 @@ impl ProjectedAttention {
                 scale: (head_dim as f64).powf(-0.5),
             },
         })
+    }
+
+    /// The mixer kind a layout declares for this layer.
+    pub fn kind(&self) -> MixerKind {
+        self.attention.kind()
     }
 
     /// Attends normalised `x` `[B, T, H]` with the call's rotary `(cos, sin)` (see

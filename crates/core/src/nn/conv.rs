@@ -8,7 +8,7 @@
 use burn::tensor::Tensor;
 
 use crate::error::Result;
-use crate::weights::WeightLoader;
+use crate::weights::WeightScope;
 
 /// A per-channel convolution over the last `kernel` positions.
 #[derive(Debug, Clone)]
@@ -21,23 +21,20 @@ pub struct CausalConv1d {
 }
 
 impl CausalConv1d {
-    /// Loads a torch `nn.Conv1d(channels, channels, kernel, groups=channels)` named `name`
-    /// (weight `[channels, 1, kernel]`).
+    /// Loads a torch `nn.Conv1d(channels, channels, kernel, groups=channels)` stored under the
+    /// scope (`weight` `[channels, 1, kernel]`, `bias`).
     pub fn load(
-        loader: &mut WeightLoader<'_>,
-        name: &str,
+        mut scope: WeightScope<'_, '_>,
         channels: usize,
         kernel: usize,
         bias: bool,
     ) -> Result<Self> {
         if kernel == 0 {
-            return Err(loader.refuse(format!(
-                "`{name}`: the config's convolution kernel size is 0"
-            )));
+            return Err(scope.refuse("the config's convolution kernel size is 0"));
         }
-        let weight: Tensor<3> = loader.tensor(&format!("{name}.weight"), [channels, 1, kernel])?;
+        let weight: Tensor<3> = scope.tensor("weight", [channels, 1, kernel])?;
         let bias = match bias {
-            true => Some(loader.tensor(&format!("{name}.bias"), [channels])?),
+            true => Some(scope.tensor("bias", [channels])?),
             false => None,
         };
         Ok(CausalConv1d {

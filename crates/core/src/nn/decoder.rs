@@ -1,19 +1,24 @@
 //! The pre-norm decoder of Llama and of Llama-style hybrids (Bamba, Qwen3-Next, Qwen3.5): each
 //! layer is softmax attention with rotary positions or another sequence mixer, followed by a
-//! feed-forward part, both behind RMSNorms and residual adds.
+//! feed-forward part, both behind RMSNorms and residual adds. The decoder is a [`CausalLm`]
+//! itself, its layout read off its layers.
 
 use std::cell::OnceCell;
 
 use burn::tensor::Tensor;
 
 use super::{Embedding, GatedMlp, Linear, ProjectedAttention, RmsNorm, Rotary, SparseMoe};
+use crate::adapter::CausalLm;
 use crate::call::Call;
 use crate::error::Result;
 use crate::nn::residual_block;
-use crate::schema::Site;
+use crate::schema::{LayerSpec, MixerKind, ModelLayout, Site};
 
 /// A sequence mixer that serves its own interior sites (Mamba-2, Gated DeltaNet, ...).
 pub trait Mixer: Send + Sync {
+    /// The mixer kind a layout declares for its layer.
+    fn kind(&self) -> MixerKind;
+
     /// The mixer on normalised `x` `[B, T, H]`; returns `[B, T, H]`.
     fn mix(&self, x: Tensor<3>, call: &mut Call<'_>) -> Result<Tensor<3>>;
 }
@@ -22,6 +27,10 @@ pub trait Mixer: Send + Sync {
 pub enum NoOtherMixer {}
 
 impl Mixer for NoOtherMixer {
+    fn kind(&self) -> MixerKind {
+        match *self {}
+    }
+
     fn mix(&self, _: Tensor<3>, _: &mut Call<'_>) -> Result<Tensor<3>> {
         match *self {}
     }
@@ -53,6 +62,16 @@ pub enum LayerMixer<M> {
     Other(Box<M>),
 }
 
+impl<M: Mixer> LayerMixer<M> {
+    /// The mixer kind a layout declares for its layer.
+    pub fn kind(&self) -> MixerKind {
+        match self {
+            LayerMixer::Attention(attention) => attention.kind(),
+            LayerMixer::Other(mixer) => mixer.kind(),
+        }
+    }
+}
+
 /// One layer: `h + mixer(input_norm(h))`, then `h + feed_forward(post_norm(h))`.
 pub struct DecoderLayer<M, F> {
     /// The norm before the mixer.
@@ -65,8 +84,8 @@ pub struct DecoderLayer<M, F> {
     pub feed_forward: F,
 }
 
-/// A decoder: embeddings, layers, final norm and head.
-pub struct HybridDecoder<M, F> {
+/// The parts of a [`HybridDecoder`], as an adapter loads them.
+pub struct DecoderParts<M, F> {
     /// The token embedding table.
     pub embed_tokens: Embedding,
     /// Rotary positions of the attention layers.
@@ -79,14 +98,49 @@ pub struct HybridDecoder<M, F> {
     pub lm_head: Linear,
 }
 
+/// A decoder: embeddings, layers, final norm and head, with the layout they declare.
+pub struct HybridDecoder<M, F> {
+    parts: DecoderParts<M, F>,
+    layout: ModelLayout,
+}
+
 impl<M: Mixer, F: FeedForward> HybridDecoder<M, F> {
+    /// The decoder of `parts`; its layout is read off them (every layer has its mixer's kind
+    /// and a feed-forward part; hidden and vocabulary sizes are the embedding table's).
+    pub fn new(parts: DecoderParts<M, F>) -> Self {
+        let [vocab, hidden] = parts.embed_tokens.dims();
+        let layers = parts
+            .layers
+            .iter()
+            .map(|layer| LayerSpec {
+                mixer: layer.mixer.kind(),
+                has_mlp: true,
+            })
+            .collect();
+        HybridDecoder {
+            layout: ModelLayout {
+                hidden,
+                vocab,
+                layers,
+            },
+            parts,
+        }
+    }
+}
+
+impl<M: Mixer, F: FeedForward> CausalLm for HybridDecoder<M, F> {
+    fn layout(&self) -> &ModelLayout {
+        &self.layout
+    }
+
     /// One call, serving `token_embeddings` and every layer's sites in contract order.
-    pub fn forward(&self, call: &mut Call<'_>) -> Result<Tensor<3>> {
-        let embeddings = self.embed_tokens.forward(call.input_ids());
+    fn forward(&self, call: &mut Call<'_>) -> Result<Tensor<3>> {
+        let parts = &self.parts;
+        let embeddings = parts.embed_tokens.forward(call.input_ids());
         let mut hidden = call.visit(Site::TokenEmbeddings, embeddings)?;
         // Computed by the first attention layer, shared by the others.
         let rotary = OnceCell::new();
-        for (index, layer) in self.layers.iter().enumerate() {
+        for (index, layer) in parts.layers.iter().enumerate() {
             hidden = residual_block(
                 index,
                 hidden,
@@ -96,7 +150,7 @@ impl<M: Mixer, F: FeedForward> HybridDecoder<M, F> {
                     match &layer.mixer {
                         LayerMixer::Attention(attention) => {
                             let rotary =
-                                rotary.get_or_init(|| self.rotary.cos_sin(&call.position_ids()));
+                                rotary.get_or_init(|| parts.rotary.cos_sin(&call.position_ids()));
                             attention.forward(x, rotary, call)
                         }
                         LayerMixer::Other(mixer) => mixer.mix(x, call),
@@ -112,8 +166,7 @@ impl<M: Mixer, F: FeedForward> HybridDecoder<M, F> {
         Ok(self.unembed(hidden))
     }
 
-    /// A residual stream `[B, T, H]` through the final norm and the head.
-    pub fn unembed(&self, hidden: Tensor<3>) -> Tensor<3> {
-        self.lm_head.forward(self.norm.forward(hidden))
+    fn unembed(&self, hidden: Tensor<3>) -> Tensor<3> {
+        self.parts.lm_head.forward(self.parts.norm.forward(hidden))
     }
 }

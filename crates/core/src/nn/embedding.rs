@@ -7,7 +7,7 @@ use burn::tensor::{Int, Tensor};
 
 use crate::cpu::{self, PackedMatrix};
 use crate::error::Result;
-use crate::weights::{Matrix, Orientation, WeightLoader};
+use crate::weights::{Matrix, Orientation, WeightScope};
 
 /// A `[rows, size]` lookup table.
 #[derive(Debug, Clone)]
@@ -26,14 +26,13 @@ pub(crate) enum Table {
 }
 
 impl Embedding {
-    /// Loads `{name}` stored `[rows, size]`.
-    pub fn load(
-        loader: &mut WeightLoader<'_>,
-        name: &str,
-        rows: usize,
-        size: usize,
-    ) -> Result<Self> {
-        let table = match loader.matrix(name, [rows, size], Orientation::OutIn)? {
+    /// Loads the scope's `weight` stored `[rows, size]`.
+    pub fn load(mut scope: WeightScope<'_, '_>, rows: usize, size: usize) -> Result<Self> {
+        let name = scope.key("weight");
+        let table = match scope
+            .loader()
+            .matrix(&name, [rows, size], Orientation::OutIn)?
+        {
             Matrix::Packed(packed) => Table::Packed(Arc::new(packed)),
             // An `[in, out]` view of the `[rows, size]` table.
             Matrix::Tensor(view) => Table::Dense(Box::new(view.transpose())),
@@ -70,6 +69,7 @@ mod tests {
 
     use super::*;
     use crate::precision::WeightDtype;
+    use crate::weights::WeightLoader;
 
     /// On the CPU the table is packed in the load's precision: lookups read the stored rows
     /// back (every panel, including the partial last one) and a tied head shares the same copy,
@@ -80,8 +80,8 @@ mod tests {
         let device = Device::default();
         for dtype in [WeightDtype::F32, WeightDtype::Bf16, WeightDtype::F16] {
             let mut loader = WeightLoader::random(7, &device).with_dtype(dtype);
-            let embeddings = Embedding::load(&mut loader, "table", rows, size).unwrap();
-            let table: Tensor<2> = loader.tensor("table", [rows, size]).unwrap();
+            let embeddings = Embedding::load(loader.pp("table"), rows, size).unwrap();
+            let table: Tensor<2> = loader.tensor("table.weight", [rows, size]).unwrap();
             let Table::Packed(packed) = &embeddings.table else {
                 panic!("not packed on the CPU backend");
             };

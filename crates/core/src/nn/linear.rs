@@ -14,7 +14,7 @@ use burn::tensor::Tensor;
 use super::embedding::{Embedding, Table};
 use crate::cpu::{self, PackedMatrix};
 use crate::error::Result;
-use crate::weights::{Matrix, Orientation, WeightLoader};
+use crate::weights::{Matrix, Orientation, WeightScope};
 
 /// An affine map from the last axis of its input.
 #[derive(Debug, Clone)]
@@ -41,14 +41,14 @@ impl Weight {
         }
     }
 
-    /// Loads the matrix `{name}` stored with `shape` in `orientation`.
+    /// Loads the scope's matrix `weight` stored with `shape` in `orientation`.
     fn load(
-        loader: &mut WeightLoader<'_>,
-        name: &str,
+        scope: &mut WeightScope<'_, '_>,
         shape: [usize; 2],
         orientation: Orientation,
     ) -> Result<Self> {
-        Ok(match loader.matrix(name, shape, orientation)? {
+        let name = scope.key("weight");
+        Ok(match scope.loader().matrix(&name, shape, orientation)? {
             Matrix::Packed(packed) => Weight::Packed(Arc::new(packed)),
             Matrix::Tensor(tensor) => Weight::Tensor(tensor),
         })
@@ -56,32 +56,25 @@ impl Weight {
 }
 
 impl Linear {
-    /// Loads a GPT-2-style `Conv1D` (`{name}.weight` stored `[in, out]`, `{name}.bias`).
-    pub fn load_conv1d(
-        loader: &mut WeightLoader<'_>,
-        name: &str,
-        d_in: usize,
-        d_out: usize,
-    ) -> Result<Self> {
-        let weight = &format!("{name}.weight");
+    /// Loads a GPT-2-style `Conv1D` (the scope's `weight` stored `[in, out]`, and `bias`).
+    pub fn load_conv1d(mut scope: WeightScope<'_, '_>, d_in: usize, d_out: usize) -> Result<Self> {
         Ok(Linear {
-            weight: Weight::load(loader, weight, [d_in, d_out], Orientation::InOut)?,
-            bias: Some(loader.tensor(&format!("{name}.bias"), [d_out])?),
+            weight: Weight::load(&mut scope, [d_in, d_out], Orientation::InOut)?,
+            bias: Some(scope.tensor("bias", [d_out])?),
         })
     }
 
-    /// Loads a torch `nn.Linear` (`{name}.weight` stored `[out, in]`), with its bias if `bias`.
+    /// Loads a torch `nn.Linear` (the scope's `weight` stored `[out, in]`), with its `bias`
+    /// if `bias`.
     pub fn load_torch(
-        loader: &mut WeightLoader<'_>,
-        name: &str,
+        mut scope: WeightScope<'_, '_>,
         d_in: usize,
         d_out: usize,
         bias: bool,
     ) -> Result<Self> {
-        let weight = &format!("{name}.weight");
-        let weight = Weight::load(loader, weight, [d_out, d_in], Orientation::OutIn)?;
+        let weight = Weight::load(&mut scope, [d_out, d_in], Orientation::OutIn)?;
         let bias = match bias {
-            true => Some(loader.tensor(&format!("{name}.bias"), [d_out])?),
+            true => Some(scope.tensor("bias", [d_out])?),
             false => None,
         };
         Ok(Linear { weight, bias })
@@ -97,18 +90,13 @@ impl Linear {
     }
 
     /// A language-model head: the embedding table itself when `tied` (one copy serves both),
-    /// else the stored torch `[vocab, hidden]` matrix `{name}.weight`.
-    pub fn head(
-        loader: &mut WeightLoader<'_>,
-        name: &str,
-        embeddings: &Embedding,
-        tied: bool,
-    ) -> Result<Self> {
+    /// else the scope's stored torch `[vocab, hidden]` matrix `weight`.
+    pub fn head(scope: WeightScope<'_, '_>, embeddings: &Embedding, tied: bool) -> Result<Self> {
         if tied {
             return Ok(Linear::tied_to(embeddings));
         }
         let [vocab, hidden] = embeddings.dims();
-        Linear::load_torch(loader, name, hidden, vocab, false)
+        Linear::load_torch(scope, hidden, vocab, false)
     }
 
     /// A language-model head tied to `embeddings`: on the CPU it shares the packed table.

@@ -4,7 +4,7 @@ use burn::tensor::Tensor;
 
 use super::{Activation, Linear};
 use crate::error::Result;
-use crate::weights::WeightLoader;
+use crate::weights::WeightScope;
 
 /// The sizes, biases and activation of a gated MLP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -39,8 +39,8 @@ impl GatedMlp {
         }
     }
 
-    /// Loads `{name}.gate_proj`, `{name}.up_proj` and `{name}.down_proj` (torch layouts).
-    pub fn load(loader: &mut WeightLoader<'_>, name: &str, spec: &GatedMlpSpec) -> Result<Self> {
+    /// Loads the scope's `gate_proj`, `up_proj` and `down_proj` (torch layouts).
+    pub fn load(mut scope: WeightScope<'_, '_>, spec: &GatedMlpSpec) -> Result<Self> {
         let GatedMlpSpec {
             hidden,
             inner,
@@ -48,9 +48,9 @@ impl GatedMlp {
             activation,
         } = *spec;
         Ok(GatedMlp {
-            gate: Linear::load_torch(loader, &format!("{name}.gate_proj"), hidden, inner, bias)?,
-            up: Linear::load_torch(loader, &format!("{name}.up_proj"), hidden, inner, bias)?,
-            down: Linear::load_torch(loader, &format!("{name}.down_proj"), inner, hidden, bias)?,
+            gate: Linear::load_torch(scope.pp("gate_proj"), hidden, inner, bias)?,
+            up: Linear::load_torch(scope.pp("up_proj"), hidden, inner, bias)?,
+            down: Linear::load_torch(scope.pp("down_proj"), inner, hidden, bias)?,
             activation,
         })
     }

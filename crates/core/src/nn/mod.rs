@@ -12,6 +12,8 @@ mod linear;
 mod mlp;
 mod moe;
 mod norm;
+mod recurrent;
+mod rope;
 mod rotary;
 mod selective_scan;
 
@@ -20,12 +22,16 @@ pub use attention::{ProjectedAttention, ProjectedAttentionSpec, QkNorm, SoftmaxA
 pub use block::{parallel_residual_block, residual_block};
 pub use conv::CausalConv1d;
 pub use decay::{decay_matrix, pairwise_decay};
-pub use decoder::{DecoderLayer, FeedForward, HybridDecoder, LayerMixer, Mixer, NoOtherMixer};
+pub use decoder::{
+    DecoderLayer, DecoderParts, FeedForward, HybridDecoder, LayerMixer, Mixer, NoOtherMixer,
+};
 pub use elementwise::{exp, sigmoid, silu, softmax_last};
 pub use embedding::Embedding;
 pub use linear::Linear;
 pub use mlp::{GatedMlp, GatedMlpSpec};
 pub use moe::{MoeSpec, SparseMoe};
 pub use norm::{GatedRmsNorm, LayerNorm, RmsNorm};
+pub use recurrent::{Recurrence, RecurrentSites};
+pub use rope::{Rope, RopeParameters, RopeRules, RotaryFraction};
 pub use rotary::{RopeScaling, Rotary};
 pub use selective_scan::{ScanInputs, selective_readout, selective_scan, selective_step};

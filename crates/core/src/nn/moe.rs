@@ -7,7 +7,7 @@ use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorData, activation};
 
 use super::{Activation, GatedMlp, GatedMlpSpec, Linear};
 use crate::error::{Error, Result};
-use crate::weights::WeightLoader;
+use crate::weights::WeightScope;
 
 /// The sizes and routing of a mixture-of-experts block.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,12 +38,12 @@ pub struct SparseMoe {
 }
 
 impl SparseMoe {
-    /// Loads `{name}.gate` (the router), the experts, and `{name}.shared_expert` with
-    /// `{name}.shared_expert_gate`. Experts are read per expert
-    /// (`{name}.experts.{e}.{gate,up,down}_proj.weight`) or fused
-    /// (`{name}.experts.gate_up_proj` `[E, 2I, H]`, gate rows first, and
-    /// `{name}.experts.down_proj` `[E, H, I]`), whichever the checkpoint stores.
-    pub fn load(loader: &mut WeightLoader<'_>, name: &str, spec: &MoeSpec) -> Result<Self> {
+    /// Loads the scope's `gate` (the router), the experts, and `shared_expert` with
+    /// `shared_expert_gate`. Experts are read per expert
+    /// (`experts.{e}.{gate,up,down}_proj.weight`) or fused (`experts.gate_up_proj`
+    /// `[E, 2I, H]`, gate rows first, and `experts.down_proj` `[E, H, I]`), whichever the
+    /// checkpoint stores.
+    pub fn load(mut scope: WeightScope<'_, '_>, spec: &MoeSpec) -> Result<Self> {
         let MoeSpec {
             hidden,
             experts,
@@ -52,19 +52,16 @@ impl SparseMoe {
             ..
         } = *spec;
         if spec.top_k == 0 || spec.top_k > experts {
-            return Err(loader.refuse(format!(
-                "`{name}`: the config routes each token to {} of {experts} experts \
+            return Err(scope.refuse(format!(
+                "the config routes each token to {} of {experts} experts \
                  (num_experts_per_tok must be between 1 and num_experts)",
                 spec.top_k
             )));
         }
-        let fused = format!("{name}.experts.gate_up_proj");
-        let experts = if loader.contains(&fused) {
-            let gate_up: Tensor<3> = loader.tensor(&fused, [experts, 2 * inner, hidden])?;
-            let down: Tensor<3> = loader.tensor(
-                &format!("{name}.experts.down_proj"),
-                [experts, hidden, inner],
-            )?;
+        let fused = "experts.gate_up_proj";
+        let experts = if scope.contains(fused) {
+            let gate_up: Tensor<3> = scope.tensor(fused, [experts, 2 * inner, hidden])?;
+            let down: Tensor<3> = scope.tensor("experts.down_proj", [experts, hidden, inner])?;
             (0..experts)
                 .map(|e| {
                     let slice = |t: &Tensor<3>, rows: std::ops::Range<usize>, cols: usize| {
@@ -91,7 +88,7 @@ impl SparseMoe {
                 activation,
             };
             (0..experts)
-                .map(|e| GatedMlp::load(loader, &format!("{name}.experts.{e}"), &mlp))
+                .map(|e| GatedMlp::load(scope.pp(format!("experts.{e}")), &mlp))
                 .collect::<Result<_>>()?
         };
         let shared = match spec.shared_inner {
@@ -104,25 +101,13 @@ impl SparseMoe {
                     activation,
                 };
                 Some((
-                    GatedMlp::load(loader, &format!("{name}.shared_expert"), &mlp)?,
-                    Linear::load_torch(
-                        loader,
-                        &format!("{name}.shared_expert_gate"),
-                        hidden,
-                        1,
-                        false,
-                    )?,
+                    GatedMlp::load(scope.pp("shared_expert"), &mlp)?,
+                    Linear::load_torch(scope.pp("shared_expert_gate"), hidden, 1, false)?,
                 ))
             }
         };
         Ok(SparseMoe {
-            router: Linear::load_torch(
-                loader,
-                &format!("{name}.gate"),
-                hidden,
-                spec.experts,
-                false,
-            )?,
+            router: Linear::load_torch(scope.pp("gate"), hidden, spec.experts, false)?,
             experts,
             shared,
             spec: *spec,

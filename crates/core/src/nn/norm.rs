@@ -4,7 +4,7 @@ use burn::tensor::Tensor;
 use burn::tensor::module::layer_norm;
 
 use crate::error::Result;
-use crate::weights::WeightLoader;
+use crate::weights::WeightScope;
 
 /// LayerNorm over the last axis, with weight and bias.
 #[derive(Debug, Clone)]
@@ -15,12 +15,12 @@ pub struct LayerNorm {
 }
 
 impl LayerNorm {
-    /// Loads `{name}.weight` and `{name}.bias`.
-    pub fn load(loader: &mut WeightLoader<'_>, name: &str, size: usize, eps: f64) -> Result<Self> {
-        check_eps(loader, name, eps);
+    /// Loads the scope's `weight` and `bias`.
+    pub fn load(mut scope: WeightScope<'_, '_>, size: usize, eps: f64) -> Result<Self> {
+        check_eps(&mut scope, eps);
         Ok(LayerNorm {
-            weight: loader.tensor(&format!("{name}.weight"), [size])?,
-            bias: loader.tensor(&format!("{name}.bias"), [size])?,
+            weight: scope.tensor("weight", [size])?,
+            bias: scope.tensor("bias", [size])?,
             eps,
         })
     }
@@ -39,25 +39,20 @@ pub struct RmsNorm {
 }
 
 impl RmsNorm {
-    /// Loads `{name}.weight`.
-    pub fn load(loader: &mut WeightLoader<'_>, name: &str, size: usize, eps: f64) -> Result<Self> {
-        check_eps(loader, name, eps);
+    /// Loads the scope's `weight`.
+    pub fn load(mut scope: WeightScope<'_, '_>, size: usize, eps: f64) -> Result<Self> {
+        check_eps(&mut scope, eps);
         Ok(RmsNorm {
-            weight: loader.tensor(&format!("{name}.weight"), [size])?,
+            weight: scope.tensor("weight", [size])?,
             eps,
         })
     }
 
-    /// Loads `{name}.weight` stored zero-centred, as Qwen3-Next and Qwen3.5 keep it: the
+    /// Loads the scope's `weight` stored zero-centred, as Qwen3-Next and Qwen3.5 keep it: the
     /// scale is `1 + weight`.
-    pub fn load_unit_offset(
-        loader: &mut WeightLoader<'_>,
-        name: &str,
-        size: usize,
-        eps: f64,
-    ) -> Result<Self> {
-        check_eps(loader, name, eps);
-        let stored: Tensor<1> = loader.tensor(&format!("{name}.weight"), [size])?;
+    pub fn load_unit_offset(mut scope: WeightScope<'_, '_>, size: usize, eps: f64) -> Result<Self> {
+        check_eps(&mut scope, eps);
+        let stored: Tensor<1> = scope.tensor("weight", [size])?;
         Ok(RmsNorm {
             weight: stored + 1.0,
             eps,
@@ -71,10 +66,10 @@ impl RmsNorm {
 }
 
 /// Records a norm epsilon that is negative or not finite (it would turn every output NaN).
-fn check_eps(loader: &mut WeightLoader<'_>, name: &str, eps: f64) {
+fn check_eps(scope: &mut WeightScope<'_, '_>, eps: f64) {
     if !(eps.is_finite() && eps >= 0.0) {
-        loader.problem(format!(
-            "`{name}`: the config's norm epsilon is {eps}; it must be a finite number >= 0"
+        scope.problem(format!(
+            "the config's norm epsilon is {eps}; it must be a finite number >= 0"
         ));
     }
 }
@@ -95,22 +90,20 @@ pub struct GatedRmsNorm {
 }
 
 impl GatedRmsNorm {
-    /// Loads `{name}.weight` `[size]`, normalised in `groups` groups (`size` is a multiple).
+    /// Loads the scope's `weight` `[size]`, normalised in `groups` groups (`size` is a
+    /// multiple).
     pub fn load(
-        loader: &mut WeightLoader<'_>,
-        name: &str,
+        mut scope: WeightScope<'_, '_>,
         size: usize,
         groups: usize,
         eps: f64,
     ) -> Result<Self> {
-        check_eps(loader, name, eps);
+        check_eps(&mut scope, eps);
         if groups == 0 || !size.is_multiple_of(groups) {
-            loader.problem(format!(
-                "`{name}`: {size} channels do not split into {groups} groups"
-            ));
+            scope.problem(format!("{size} channels do not split into {groups} groups"));
         }
         Ok(GatedRmsNorm {
-            weight: loader.tensor(&format!("{name}.weight"), [size])?,
+            weight: scope.tensor("weight", [size])?,
             groups: groups.max(1),
             eps,
         })

@@ -3,6 +3,8 @@
 //! every value, and reports every missing or misshapen weight at once, and which weights were
 //! never used (like burn-store's `ApplyResult`).
 
+mod scope;
+
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
@@ -14,6 +16,8 @@ use crate::cpu::PackedMatrix;
 use crate::device::is_cpu;
 use crate::error::{Error, Result};
 use crate::precision::{MatmulPrecision, WeightDtype};
+
+pub use scope::WeightScope;
 
 /// How a weight matrix is stored.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
