@@ -11,7 +11,6 @@ use std::path::{Path, PathBuf};
 use serde::de::DeserializeOwned;
 use serde_json::Value;
 
-pub(crate) use checkpoint::Bytes;
 pub use checkpoint::{Checkpoint, LoadReport, WeightLoader};
 pub(crate) use checkpoint::{Matrix, Orientation};
 pub use dtype::{MatmulPrecision, WeightDtype, parse_dtype_choice};

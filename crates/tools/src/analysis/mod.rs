@@ -3,5 +3,5 @@
 mod lens;
 mod patching;
 
-pub use lens::LogitLens;
-pub use patching::{Metric, PatchingSweep};
+pub use lens::{LogitLens, logit_lens};
+pub use patching::{Metric, PatchingSweep, activation_patching};
