@@ -23,6 +23,17 @@ impl Fixture {
         arch.model_types.contains(&self.model_type.as_str())
     }
 
+    /// Its `config.json`.
+    ///
+    /// # Panics
+    /// When it cannot be read or parsed (it was read once already, to find the fixture).
+    pub fn config(&self) -> serde_json::Value {
+        let path = self.dir.join("config.json");
+        let text = std::fs::read_to_string(&path)
+            .unwrap_or_else(|e| panic!("cannot read {}: {e}", path.display()));
+        serde_json::from_str(&text).unwrap_or_else(|e| panic!("{}: {e}", path.display()))
+    }
+
     /// Whether the fixture holds `file` (e.g. `edits.safetensors`, written for some only).
     pub fn has(&self, file: &str) -> bool {
         self.dir.join(file).is_file()
@@ -104,19 +115,23 @@ pub fn fixtures_of(archs: &[&str]) -> Vec<Fixture> {
 /// # Panics
 /// When one of them has none.
 pub fn one_of_each(archs: &[&str]) -> Vec<Fixture> {
-    first_of_each(&named(archs))
+    first_of_each(&named(archs), |_| true)
 }
 
-/// The first committed fixture (by name) of every registered architecture.
+/// The first committed fixture (by name) of every registered architecture among those
+/// `accept` takes.
 ///
 /// # Panics
 /// When one of them has none (every built-in architecture comes with a fixture case).
-pub fn one_per_architecture() -> Vec<Fixture> {
-    first_of_each(&hookscope::registry::registered())
+pub fn one_per_architecture(accept: impl Fn(&Fixture) -> bool) -> Vec<Fixture> {
+    first_of_each(&hookscope::registry::registered(), accept)
 }
 
-fn first_of_each(archs: &[&'static Architecture]) -> Vec<Fixture> {
-    let all = fixtures();
+fn first_of_each(
+    archs: &[&'static Architecture],
+    accept: impl Fn(&Fixture) -> bool,
+) -> Vec<Fixture> {
+    let all: Vec<Fixture> = fixtures().into_iter().filter(accept).collect();
     archs
         .iter()
         .map(|arch| {
