@@ -1,15 +1,19 @@
 //! # hookscope-conformance
 //!
 //! Checks that adapters keep hookscope's contract: the suite of contract checks run against every
-//! registered architecture ([`suite`]), and numerical parity with Hugging Face `transformers` on
+//! registered architecture ([`suite`], reported as [`report`]), and numerical parity with Hugging Face `transformers` on
 //! reference fixtures made by `scripts/make_fixtures.py` ([`parity`]).
 
+pub mod fixture;
 pub mod order;
 pub mod parity;
 pub mod reference;
+pub mod report;
 pub mod suite;
 
 use std::path::{Path, PathBuf};
+
+pub use fixture::{Fixture, fixtures};
 
 use hookscope::DeviceChoice;
 use hookscope::burn::tensor::Device;

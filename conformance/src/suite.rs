@@ -5,6 +5,10 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
+use crate::fixture::{Fixture, fixtures_in};
+use crate::order::{Recorder, check_call_order};
+use crate::parity::{all_sites, check_generation, check_prompt_call};
+use crate::report::{ArchReport, CheckOutcome, Status};
 use hookscope::burn::tensor::Device;
 use hookscope::decoding::argmax;
 use hookscope::schema::{CallDims, MixerKind};
@@ -12,10 +16,6 @@ use hookscope::{
     Architecture, Decoding, Generation, GenerationConfig, Interventions, LayerSite, MixerSite,
     Model, Site, SiteValue, Steps,
 };
-use serde::Serialize;
-
-use crate::order::{Recorder, check_call_order};
-use crate::parity::{all_sites, check_generation, check_prompt_call};
 
 /// Decode steps after the prompt call.
 const STEPS: usize = 4;
@@ -24,35 +24,16 @@ const TOLERANCE: f32 = 1e-4;
 /// Seed of the random weights.
 const SEED: u64 = 7;
 
-/// One check's outcome for one architecture.
-#[derive(Debug, Clone, Serialize)]
-pub struct CheckOutcome {
-    /// The check's name.
-    pub check: &'static str,
-    /// `pass`, `fail`, `n/a` (the check does not apply to this architecture) or `skipped`
-    /// (it could not run here; the detail says why).
-    pub status: &'static str,
-    /// For a failure: the first differing value, or the error; for a skip, the reason.
-    pub detail: String,
+/// What a check that did not fail found.
+enum Checked {
+    /// It ran and held.
+    Pass,
+    /// It does not apply to this architecture.
+    NotApplicable,
 }
 
-/// Every check's outcome for one architecture.
-#[derive(Debug, Clone, Serialize)]
-pub struct ArchReport {
-    /// The architecture's registered name.
-    pub arch: &'static str,
-    /// The outcomes, in suite order.
-    pub checks: Vec<CheckOutcome>,
-}
-
-impl ArchReport {
-    /// Whether no check failed.
-    pub fn passed(&self) -> bool {
-        self.checks.iter().all(|c| c.status != "fail")
-    }
-}
-
-type CheckResult = Result<Option<()>, String>;
+/// A check's result: what it found, or the first difference (or error) as the failure's detail.
+type CheckResult = Result<Checked, String>;
 
 /// Runs every check against every registered architecture (built-in, linked or plugin);
 /// parity against the fixtures in `fixtures`, skipped when there is no such folder. Every model
@@ -69,9 +50,9 @@ pub fn run(arch: &'static Architecture, fixtures: Option<&Path>, device: &Device
     let mut checks = Vec::new();
     let mut record = |check: &'static str, result: CheckResult| {
         let (status, detail) = match result {
-            Ok(Some(())) => ("pass", String::new()),
-            Ok(None) => ("n/a", String::new()),
-            Err(detail) => ("fail", detail),
+            Ok(Checked::Pass) => (Status::Pass, String::new()),
+            Ok(Checked::NotApplicable) => (Status::NotApplicable, String::new()),
+            Err(detail) => (Status::Fail, detail),
         };
         checks.push(CheckOutcome {
             check,
@@ -82,7 +63,7 @@ pub fn run(arch: &'static Architecture, fixtures: Option<&Path>, device: &Device
     match Subject::new(arch, device) {
         Err(error) => record("loads", Err(error)),
         Ok(subject) => {
-            record("loads", Ok(Some(())));
+            record("loads", Ok(Checked::Pass));
             record("sites served once", subject.served_once());
             record("contract order", subject.contract_order());
             record("shape table", subject.shape_table());
@@ -99,7 +80,7 @@ pub fn run(arch: &'static Architecture, fixtures: Option<&Path>, device: &Device
         Some(fixtures) => record("transformers parity", parity(arch, fixtures, device)),
         None => checks.push(CheckOutcome {
             check: "transformers parity",
-            status: "skipped",
+            status: Status::Skipped,
             detail: format!(
                 "no fixtures folder (pass --fixtures DIR or set {})",
                 crate::FIXTURES_ENV
@@ -110,36 +91,6 @@ pub fn run(arch: &'static Architecture, fixtures: Option<&Path>, device: &Device
         arch: arch.name,
         checks,
     }
-}
-
-/// A Markdown-style table: architecture × check.
-pub fn table(reports: &[ArchReport]) -> String {
-    let Some(first) = reports.first() else {
-        return "no architectures registered\n".into();
-    };
-    let mut out = format!(
-        "| arch | {} |\n|---|{}\n",
-        first
-            .checks
-            .iter()
-            .map(|c| c.check)
-            .collect::<Vec<_>>()
-            .join(" | "),
-        "---|".repeat(first.checks.len())
-    );
-    for report in reports {
-        let cells: Vec<&str> = report.checks.iter().map(|c| c.status).collect();
-        out += &format!("| {} | {} |\n", report.arch, cells.join(" | "));
-    }
-    for report in reports {
-        for check in report.checks.iter().filter(|c| !c.detail.is_empty()) {
-            out += &format!(
-                "\n{} / {} {}: {}",
-                report.arch, check.check, check.status, check.detail
-            );
-        }
-    }
-    out
 }
 
 /// A tiny random model of one architecture and the runs the checks share.
@@ -236,7 +187,7 @@ impl Subject {
                 return Err(format!("step {step}: `{site}` {what}"));
             }
         }
-        Ok(Some(()))
+        Ok(Checked::Pass)
     }
 
     fn contract_order(&self) -> CheckResult {
@@ -281,7 +232,7 @@ impl Subject {
                     .map_err(|e| format!("{what}: step {step}: {e}"))?;
             }
         }
-        Ok(Some(()))
+        Ok(Checked::Pass)
     }
 
     fn shape_table(&self) -> CheckResult {
@@ -305,7 +256,7 @@ impl Subject {
                 }
             }
         }
-        Ok(Some(()))
+        Ok(Checked::Pass)
     }
 
     fn attention_layers(&self) -> Vec<usize> {
@@ -318,7 +269,7 @@ impl Subject {
     fn cache_grows(&self) -> CheckResult {
         let layers = self.attention_layers();
         if layers.is_empty() {
-            return Ok(None);
+            return Ok(Checked::NotApplicable);
         }
         for layer in layers {
             let site = Site::self_attn(layer, MixerSite::AttentionKeys);
@@ -349,7 +300,7 @@ impl Subject {
                 }
             }
         }
-        Ok(Some(()))
+        Ok(Checked::Pass)
     }
 
     fn state_carried(&self) -> CheckResult {
@@ -369,7 +320,7 @@ impl Subject {
             })
             .collect();
         if recurrent.is_empty() {
-            return Ok(None);
+            return Ok(Checked::NotApplicable);
         }
         for (input, output) in recurrent {
             let first = self.saved(&self.batch_run, input, 0)?;
@@ -384,7 +335,7 @@ impl Subject {
                 }
             }
         }
-        Ok(Some(()))
+        Ok(Checked::Pass)
     }
 
     fn next_token_probs(&self) -> CheckResult {
@@ -405,12 +356,12 @@ impl Subject {
                 }
             }
         }
-        Ok(Some(()))
+        Ok(Checked::Pass)
     }
 
     fn attention_probabilities(&self) -> CheckResult {
         let Some(&layer) = self.attention_layers().first() else {
-            return Ok(None);
+            return Ok(Checked::NotApplicable);
         };
         let site = Site::self_attn(layer, MixerSite::AttentionProbabilities);
         for step in 0..self.batch_run.steps {
@@ -448,7 +399,7 @@ impl Subject {
         if max_diff(&plain, &written) == 0.0 {
             return Err(format!("zeroing {site} left the logits unchanged"));
         }
-        Ok(Some(()))
+        Ok(Checked::Pass)
     }
 
     fn residual_write(&self) -> CheckResult {
@@ -486,7 +437,7 @@ impl Subject {
                 "zeroing {site}@{k} left step {k}'s logits unchanged"
             ));
         }
-        Ok(Some(()))
+        Ok(Checked::Pass)
     }
 
     fn padded_batch(&self) -> CheckResult {
@@ -523,7 +474,7 @@ impl Subject {
                 }
             }
         }
-        Ok(Some(()))
+        Ok(Checked::Pass)
     }
 
     fn cache_equals_recompute(&self) -> CheckResult {
@@ -553,35 +504,21 @@ impl Subject {
                 return Err(format!("next_token_probs@{step}: max |diff| {diff:e}"));
             }
         }
-        Ok(Some(()))
+        Ok(Checked::Pass)
     }
 }
 
 /// Parity with `transformers` on every fixture in `fixtures` whose `model_type` this
 /// architecture serves; not applicable where there is none.
 fn parity(arch: &'static Architecture, fixtures: &Path, device: &Device) -> CheckResult {
-    let entries = std::fs::read_dir(fixtures)
-        .map_err(|e| format!("cannot read fixtures folder {}: {e}", fixtures.display()))?;
-    let mut dirs: Vec<_> = entries
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|dir| dir.join("reference.safetensors").is_file())
-        .filter(|dir| {
-            std::fs::read_to_string(dir.join("config.json"))
-                .ok()
-                .and_then(|text| serde_json::from_str::<serde_json::Value>(&text).ok())
-                .and_then(|config| config.get("model_type")?.as_str().map(str::to_string))
-                .is_some_and(|model_type| arch.model_types.contains(&model_type.as_str()))
-        })
+    let served: Vec<Fixture> = fixtures_in(fixtures)?
+        .into_iter()
+        .filter(|fixture| fixture.served_by(arch))
         .collect();
-    dirs.sort();
-    if dirs.is_empty() {
-        return Ok(None);
+    if served.is_empty() {
+        return Ok(Checked::NotApplicable);
     }
-    for dir in dirs {
-        let name = dir
-            .file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default();
+    for Fixture { name, dir, .. } in served {
         for report in [
             check_prompt_call(&dir, device, f64::from(TOLERANCE), all_sites),
             check_generation(&dir, device, f64::from(TOLERANCE)),
@@ -595,5 +532,5 @@ fn parity(arch: &'static Architecture, fixtures: &Path, device: &Device) -> Chec
             }
         }
     }
-    Ok(Some(()))
+    Ok(Checked::Pass)
 }

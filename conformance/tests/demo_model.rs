@@ -119,7 +119,7 @@ fn the_logit_lens_sharpens_with_depth() {
     let prompt = case["prompt"].as_str().unwrap();
     let batch = model.encode(&[prompt]).unwrap();
     let tokens = model.tokenizer().unwrap().encode(prompt).unwrap();
-    let lens = model.logit_lens(&batch, &Interventions::new()).unwrap();
+    let lens = hookscope::analysis::logit_lens(&model, &batch, &Interventions::new()).unwrap();
     let vocab = model.layout().vocab;
     let mut means = Vec::new();
     for layer in 0..lens.layers() {
@@ -152,7 +152,7 @@ fn the_logit_lens_sharpens_with_depth() {
 /// layer 0 and has moved to the last position from layer 1 on.
 #[test]
 fn patching_localises_where_the_prompts_differ_then_the_last_position() {
-    use hookscope::analysis::Metric;
+    use hookscope::analysis::{Metric, activation_patching};
     use hookscope::{LayerSite, Site};
     let model = demo();
     let tokenizer = model.tokenizer().unwrap();
@@ -175,9 +175,7 @@ fn patching_localises_where_the_prompts_differ_then_the_last_position() {
             site: LayerSite::LayerOutput,
         })
         .collect();
-    let sweep = model
-        .activation_patching(&clean, &corrupt, &sites, metric)
-        .unwrap();
+    let sweep = activation_patching(&model, &clean, &corrupt, &sites, metric).unwrap();
     assert!(sweep.clean > sweep.corrupt + 1.0, "{sweep:?}");
     let scores = &sweep.scores;
     assert!(scores[0][differing] > 0.5, "{scores:?}");

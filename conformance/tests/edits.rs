@@ -11,17 +11,20 @@ use std::path::Path;
 use common::{floats, load, max_diff, read_tensors};
 use hookscope::hooks::RequestSpecs;
 use hookscope::{Model, Site, Steps};
-use hookscope_conformance::fixtures_dir;
+use hookscope_conformance::{Fixture, fixtures};
 use safetensors::tensor::Dtype;
 use serde_json::Value;
 
 const TOLERANCE: f32 = 1e-4;
-const FIXTURES: [&str; 4] = [
-    "gpt2-tied",
-    "llama-gqa2-llama3-bias",
-    "mamba-tied",
-    "qwen3.5-dense",
-];
+/// The fixtures `make_edit_fixtures.py` wrote edit references for.
+fn edit_fixtures() -> Vec<Fixture> {
+    let found: Vec<Fixture> = fixtures()
+        .into_iter()
+        .filter(|fixture| fixture.has("edits.safetensors"))
+        .collect();
+    assert!(!found.is_empty(), "no fixture holds edits.safetensors");
+    found
+}
 
 /// The reference tensors of a fixture's `edits.safetensors`: name → (shape, values as f32).
 fn reference(dir: &Path) -> std::collections::BTreeMap<String, (Vec<usize>, Vec<f32>)> {
@@ -108,8 +111,7 @@ fn run(
 
 #[test]
 fn edits_match_transformers_with_torch_hooks() {
-    for name in FIXTURES {
-        let dir = fixtures_dir().join(name);
+    for Fixture { name, dir, .. } in edit_fixtures() {
         let (meta, prompt) = cases(&dir);
         let reference = reference(&dir);
         let model = load(&dir).unwrap();
@@ -145,15 +147,14 @@ fn edits_match_transformers_with_torch_hooks() {
 
 #[test]
 fn the_logit_lens_matches_transformers() {
-    for name in FIXTURES {
-        let dir = fixtures_dir().join(name);
+    for Fixture { name, dir, .. } in edit_fixtures() {
         let (_, prompt) = cases(&dir);
         let (shape, expected) = &reference(&dir)["lens"];
         let model = load(&dir).unwrap();
         let batch = model.batch(vec![prompt]).unwrap();
-        let lens = model
-            .logit_lens(&batch, &hookscope::Interventions::new())
-            .unwrap();
+        let lens =
+            hookscope::analysis::logit_lens(&model, &batch, &hookscope::Interventions::new())
+                .unwrap();
         assert_eq!(lens.layers(), shape[0], "{name}: layers");
         let mut got = Vec::new();
         for layer in 0..lens.layers() {

@@ -10,6 +10,7 @@ use common::{copy_fixture, load};
 use hookscope::Steps;
 use hookscope::hooks::Selection;
 use hookscope::tokenizer::Tokenizer;
+use hookscope_conformance::fixture::one_per_architecture;
 use proptest::prelude::*;
 use serde_json::Value;
 
@@ -47,15 +48,6 @@ fn json_value() -> impl Strategy<Value = Value> {
     })
 }
 
-const FIXTURES: [&str; 6] = [
-    "gpt2-tied",
-    "llama-gqa2-llama3-bias",
-    "mamba-untied-bias",
-    "mamba2-groups2-untied-limit",
-    "bamba-hybrid",
-    "qwen3.5-moe",
-];
-
 /// Sets `key` (an existing key of the file, picked by `pick`) or a new one to `value`.
 fn corrupt_json(path: &std::path::Path, pick: usize, value: Value) {
     let mut json: Value = match std::fs::read_to_string(path) {
@@ -89,11 +81,11 @@ proptest! {
 
     #[test]
     fn corrupted_config_values_never_panic(
-        fixture in 0..FIXTURES.len(),
+        fixture in 0..one_per_architecture(|_| true).len(),
         pick in any::<usize>(),
         value in json_value(),
     ) {
-        let dir = copy_fixture(FIXTURES[fixture]);
+        let dir = copy_fixture(&one_per_architecture(|_| true)[fixture].name);
         corrupt_json(&dir.path().join("config.json"), pick, value);
         load_and_generate(dir.path());
     }

@@ -302,7 +302,7 @@ fn an_index_prints_canonically_in_saved_keys() {
 
 #[test]
 fn the_batched_patching_sweep_equals_one_indexed_set_per_position() {
-    use hookscope::analysis::Metric;
+    use hookscope::analysis::{Metric, activation_patching};
     use hookscope::hooks::{Action, Write};
     use hookscope::{Interventions, SiteValue};
     let model = load_fixture("gpt2-tied");
@@ -312,9 +312,14 @@ fn the_batched_patching_sweep_equals_one_indexed_set_per_position() {
         correct: 3,
         wrong: 4,
     };
-    let sweep = model
-        .activation_patching(&clean, &corrupt, &[site, Site::TokenEmbeddings], metric)
-        .unwrap();
+    let sweep = activation_patching(
+        &model,
+        &clean,
+        &corrupt,
+        &[site, Site::TokenEmbeddings],
+        metric,
+    )
+    .unwrap();
     let logit_diff = |interventions: &Interventions, prompt: &[u32]| -> (f32, hookscope::Saved) {
         let trace = model
             .trace(&model.batch(vec![prompt.to_vec()]).unwrap(), interventions)

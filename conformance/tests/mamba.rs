@@ -7,6 +7,8 @@ use common::{load_fixture, max_diff, values};
 use hookscope::{
     Decoding, Error, GenerationConfig, Interventions, LayerSite, MixerSite, Model, Site, Steps,
 };
+use hookscope_conformance::Fixture;
+use hookscope_conformance::fixture::one_of_each;
 
 fn greedy(model: &Model, steps: usize) -> GenerationConfig {
     let mut config = model.generation_config().clone();
@@ -21,12 +23,14 @@ fn mixer(layer: usize, site: MixerSite) -> Site {
 }
 
 /// One fixture of each recurrent mixer kind whose sites live under `self_attn`.
-const RECURRENT_FIXTURES: [&str; 2] = ["mamba-tied", "mamba2-groups1-tied"];
+fn recurrent_fixtures() -> Vec<Fixture> {
+    one_of_each(&["mamba", "mamba2"])
+}
 
 #[test]
 fn state_input_is_the_previous_state_output_bit_for_bit() {
-    for fixture in RECURRENT_FIXTURES {
-        state_is_carried_bit_for_bit(fixture);
+    for fixture in recurrent_fixtures() {
+        state_is_carried_bit_for_bit(&fixture.name);
     }
 }
 
@@ -56,8 +60,8 @@ fn state_is_carried_bit_for_bit(fixture: &str) {
 
 #[test]
 fn a_state_write_reaches_the_next_step_and_a_decode_steps_own_output() {
-    for fixture in RECURRENT_FIXTURES {
-        state_writes_reach_what_they_should(fixture);
+    for fixture in recurrent_fixtures() {
+        state_writes_reach_what_they_should(&fixture.name);
     }
 }
 
@@ -111,8 +115,8 @@ fn state_writes_reach_what_they_should(fixture: &str) {
 
 #[test]
 fn a_head_output_write_changes_only_what_flows_from_it() {
-    for fixture in RECURRENT_FIXTURES {
-        head_output_writes_flow_on(fixture);
+    for fixture in recurrent_fixtures() {
+        head_output_writes_flow_on(&fixture.name);
     }
 }
 

@@ -1,5 +1,6 @@
 //! hookscope against `transformers` on the committed fixtures: every site at the prompt call.
 
+use hookscope_conformance::fixture::fixtures_of;
 use hookscope_conformance::parity::{
     all_sites, check_generation, check_prompt_call, without_attention_pattern,
 };
@@ -119,76 +120,69 @@ fn embedded_model_generation_and_intervention_match_transformers() {
     });
 }
 
-const LLAMA_FIXTURES: [&str; 5] = [
-    "llama-mha-tied",
-    "llama-gqa2-llama3-bias",
-    "llama-gqa4-linear-headdim",
-    "llama-dynamic",
-    "qwen2-bias",
-];
+/// The Llama family (Llama, Qwen2).
+const LLAMA: [&str; 1] = ["llama"];
 
 #[test]
 fn llama_family_matches_transformers_at_every_site() {
-    for fixture in LLAMA_FIXTURES {
-        assert_parity(fixture, &[]);
+    for fixture in fixtures_of(&LLAMA) {
+        assert_parity(&fixture.name, &[]);
     }
 }
 
 #[test]
 fn llama_family_generation_matches_transformers_at_every_step() {
-    for fixture in LLAMA_FIXTURES {
-        assert_generation_parity(fixture, |_| false);
+    for fixture in fixtures_of(&LLAMA) {
+        assert_generation_parity(&fixture.name, |_| false);
     }
 }
 
-const MAMBA_FIXTURES: [&str; 2] = ["mamba-tied", "mamba-untied-bias"];
+const MAMBA: [&str; 1] = ["mamba"];
 
 #[test]
 fn mamba_matches_transformers_at_every_site() {
-    for fixture in MAMBA_FIXTURES {
-        assert_parity(fixture, &[]);
+    for fixture in fixtures_of(&MAMBA) {
+        assert_parity(&fixture.name, &[]);
     }
 }
 
 #[test]
 fn mamba_generation_matches_transformers_at_every_step() {
-    for fixture in MAMBA_FIXTURES {
-        assert_generation_parity(fixture, |_| false);
+    for fixture in fixtures_of(&MAMBA) {
+        assert_generation_parity(&fixture.name, |_| false);
     }
 }
 
-const MAMBA2_FIXTURES: [&str; 3] = [
-    "mamba2-groups1-tied",
-    "mamba2-groups2-untied-limit",
-    "bamba-hybrid",
-];
+/// Mamba-2 and its attention hybrid, Bamba.
+const MAMBA2: [&str; 2] = ["mamba2", "bamba"];
 
 #[test]
 fn mamba2_and_bamba_match_transformers_at_every_site() {
-    for fixture in MAMBA2_FIXTURES {
-        assert_parity(fixture, &[]);
+    for fixture in fixtures_of(&MAMBA2) {
+        assert_parity(&fixture.name, &[]);
     }
 }
 
 #[test]
 fn mamba2_and_bamba_generation_match_transformers_at_every_step() {
-    for fixture in MAMBA2_FIXTURES {
-        assert_generation_parity(fixture, |_| false);
+    for fixture in fixtures_of(&MAMBA2) {
+        assert_generation_parity(&fixture.name, |_| false);
     }
 }
 
-const DELTANET_FIXTURES: [&str; 3] = ["qwen3-next-moe", "qwen3.5-dense", "qwen3.5-moe"];
+/// The Gated DeltaNet hybrids.
+const DELTANET: [&str; 3] = ["qwen3_next", "qwen3_5", "qwen3_5_moe"];
 
 #[test]
 fn deltanet_hybrids_match_transformers_at_every_site() {
-    for fixture in DELTANET_FIXTURES {
-        assert_parity(fixture, &[]);
+    for fixture in fixtures_of(&DELTANET) {
+        assert_parity(&fixture.name, &[]);
     }
 }
 
 #[test]
 fn deltanet_hybrid_generation_matches_transformers_at_every_step() {
-    for fixture in DELTANET_FIXTURES {
-        assert_generation_parity(fixture, |_| false);
+    for fixture in fixtures_of(&DELTANET) {
+        assert_generation_parity(&fixture.name, |_| false);
     }
 }

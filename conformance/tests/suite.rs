@@ -6,7 +6,8 @@ use hookscope::{
     ArchConfig, Architecture, BUILTIN, Call, CausalLm, ModelLayout, Result, WeightLoader,
 };
 use hookscope_arch_gpt2::Gpt2;
-use hookscope_conformance::suite::{run, run_all, table};
+use hookscope_conformance::report::{Status, table};
+use hookscope_conformance::suite::{run, run_all};
 use hookscope_conformance::{fixtures_dir, test_device};
 
 #[test]
@@ -30,13 +31,9 @@ fn every_registered_adapter_is_checked_and_every_builtin_passes_with_parity() {
             .unwrap_or_else(|| panic!("built-in `{}` is not registered", arch.name));
         assert!(report.passed(), "{text}");
         // A built-in architecture comes with a fixture case: parity must have run.
-        let parity = report
-            .checks
-            .iter()
-            .find(|c| c.check == "transformers parity");
         assert_eq!(
-            parity.map(|c| c.status),
-            Some("pass"),
+            report.check("transformers parity").map(|c| c.status),
+            Some(Status::Pass),
             "`{}` needs a parity fixture (conformance/scripts/make_fixtures.py)\n{text}",
             arch.name
         );
@@ -46,12 +43,8 @@ fn every_registered_adapter_is_checked_and_every_builtin_passes_with_parity() {
 #[test]
 fn without_fixtures_parity_is_reported_skipped_not_passed() {
     let report = run(BUILTIN[0], None, &test_device());
-    let parity = report
-        .checks
-        .iter()
-        .find(|c| c.check == "transformers parity")
-        .unwrap();
-    assert_eq!(parity.status, "skipped");
+    let parity = report.check("transformers parity").unwrap();
+    assert_eq!(parity.status, Status::Skipped);
     assert!(parity.detail.contains("--fixtures"), "{}", parity.detail);
 }
 
@@ -93,7 +86,9 @@ impl CausalLm for Misdeclared {
     }
 }
 
-hookscope::register_architecture!(
+/// The broken adapter, checked directly: it is not registered, so no other test (nor the suite
+/// over every registered architecture) sees it.
+static MISDECLARED: Architecture = hookscope::architecture!(
     Misdeclared,
     name: "misdeclared",
     model_types: ["misdeclared-gpt2"],
@@ -104,24 +99,20 @@ hookscope::register_architecture!(
 
 #[test]
 fn a_misdeclared_adapter_fails_with_the_first_difference() {
-    let arch: &'static Architecture = registry::registered()
-        .into_iter()
-        .find(|a| a.name == "misdeclared")
-        .unwrap();
-    let report = run(arch, Some(&fixtures_dir()), &test_device());
+    let report = run(&MISDECLARED, Some(&fixtures_dir()), &test_device());
     assert!(!report.passed());
     let status = |name: &str| {
-        let check = report.checks.iter().find(|c| c.check == name).unwrap();
+        let check = report.check(name).unwrap();
         (check.status, check.detail.clone())
     };
     let (served, detail) = status("sites served once");
-    assert_eq!(served, "fail");
+    assert_eq!(served, Status::Fail);
     assert!(
         detail.contains("layers.0.mlp_output") && detail.contains("undeclared"),
         "{detail}"
     );
     let (order, detail) = status("contract order");
-    assert_eq!(order, "fail");
+    assert_eq!(order, Status::Fail);
     assert!(detail.contains("mlp_output"), "{detail}");
-    assert_eq!(status("next_token_probs").0, "pass");
+    assert_eq!(status("next_token_probs").0, Status::Pass);
 }

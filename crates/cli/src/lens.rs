@@ -36,7 +36,7 @@ pub fn lens(args: &LensArgs) -> Result<()> {
     }
     let model = args.model.load()?;
     let batch = model.encode(&[args.prompt.as_str()])?;
-    let lens = model.logit_lens(&batch, &Interventions::new())?;
+    let lens = hookscope::analysis::logit_lens(&model, &batch, &Interventions::new())?;
     let mut layers: Vec<LayerTop> = Vec::with_capacity(lens.layers().min(1024));
     for layer in 0..lens.layers() {
         let probs = lens

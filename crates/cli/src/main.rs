@@ -157,7 +157,7 @@ fn conformance(
             serde_json::to_string_pretty(&reports).unwrap_or_default()
         );
     } else {
-        println!("{}", hookscope_conformance::suite::table(&reports));
+        println!("{}", hookscope_conformance::report::table(&reports));
     }
     if fixtures.is_none() {
         eprintln!(

@@ -5,7 +5,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use hookscope::analysis::{Metric, PatchingSweep};
+use hookscope::analysis::{Metric, PatchingSweep, activation_patching};
 use hookscope::{Error, Result};
 use serde_json::json;
 
@@ -45,7 +45,7 @@ pub fn patch(args: &PatchArgs) -> Result<()> {
     let sites = model.layout().expand(&args.site)?;
     let clean = model.encode(&[args.clean.as_str()])?;
     let corrupt = model.encode(&[args.corrupt.as_str()])?;
-    let sweep = model.activation_patching(&clean.ids[0], &corrupt.ids[0], &sites, metric)?;
+    let sweep = activation_patching(&model, &clean.ids[0], &corrupt.ids[0], &sites, metric)?;
     let labels = prompt_labels(&model, &corrupt, 0)?;
     let clean_labels = prompt_labels(&model, &clean, 0)?;
     // Label each position by its clean and corrupt tokens where they differ.

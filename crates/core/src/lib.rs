@@ -6,10 +6,10 @@
 //!
 //! Architecture adapters (the `hookscope-arch-*` crates) implement [`CausalLm`] and describe
 //! themselves with an [`Architecture`]; the `hookscope` crate lists the built-in ones. Core knows
-//! nothing about any one architecture.
+//! nothing about any one architecture. Tools built on [`Model`]'s public API (dataset
+//! extraction, the logit lens, activation patching) live in `hookscope-tools`.
 
 pub mod adapter;
-pub mod analysis;
 pub mod cache;
 pub mod call;
 pub mod checkpoint;
@@ -18,7 +18,6 @@ mod cpu;
 pub mod decoding;
 pub mod device;
 pub mod error;
-pub mod extract;
 pub mod generate;
 pub mod hooks;
 pub mod input;

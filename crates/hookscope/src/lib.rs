@@ -3,14 +3,17 @@
 //! Read and write the internals of language models under one standard set of site names
 //! (`layers.6.layer_output`, `layers.6.self_attn.attention_keys`, `logits`, ...), on a single
 //! forward call or at every step of generation. This crate is the one dependency a program
-//! needs: it re-exports [`hookscope_core`] and links every built-in architecture, listed in
-//! [`BUILTIN`].
+//! needs: it re-exports [`hookscope_core`], the tools of `hookscope-tools` ([`extract`],
+//! [`analysis`]) and links every built-in architecture, listed in [`BUILTIN`].
 //!
 //! ```rust
 #![doc = include_str!("../examples/quickstart.rs")]
 //! ```
 
+#![deny(unused_crate_dependencies)]
+
 pub use hookscope_core::*;
+pub use hookscope_tools::{analysis, extract};
 
 use hookscope_core::registry::Registration;
 
@@ -65,29 +68,29 @@ mod tests {
     }
 
     /// A new `crates/arch-*` crate that is not in [`BUILTIN`] would be invisible to the CLI, the
-    /// suite and library users alike: every one must be listed.
+    /// suite and library users alike. Every workspace member under `crates/arch-` must be a
+    /// dependency of this crate; `unused_crate_dependencies` (denied above) then fails the build
+    /// of a dependency nothing here names, and only [`BUILTIN`] names them.
     #[test]
-    fn every_arch_crate_of_the_workspace_is_listed() {
-        let crates = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-        let listing = include_str!("lib.rs");
-        let builtin = &listing[listing.find("pub static BUILTIN").unwrap_or(0)..];
-        let builtin = &builtin[..builtin.find("];").unwrap_or(builtin.len())];
-        let mut found = 0;
-        for entry in std::fs::read_dir(&crates).unwrap() {
-            let name = entry.unwrap().file_name().to_string_lossy().into_owned();
-            if let Some(family) = name.strip_prefix("arch-") {
-                found += 1;
-                let path = format!("hookscope_arch_{}::", family.replace('-', "_"));
-                assert!(
-                    builtin.contains(&path),
-                    "crates/{name} is not listed in BUILTIN"
-                );
-            }
-        }
-        assert!(
-            found >= 4,
-            "found {found} arch crates under {}",
-            crates.display()
+    fn every_arch_crate_of_the_workspace_is_a_dependency() {
+        let workspace = include_str!("../../../Cargo.toml");
+        let manifest = include_str!("../Cargo.toml");
+        let mut members: Vec<&str> = workspace
+            .lines()
+            .filter_map(|line| line.trim().strip_prefix("\"crates/arch-"))
+            .filter_map(|rest| rest.strip_suffix("\","))
+            .collect();
+        let mut dependencies: Vec<&str> = manifest
+            .lines()
+            .filter_map(|line| line.strip_prefix("hookscope-arch-"))
+            .filter_map(|rest| rest.strip_suffix(".workspace = true"))
+            .collect();
+        members.sort_unstable();
+        dependencies.sort_unstable();
+        assert!(members.len() >= 4, "found {members:?} in the workspace");
+        assert_eq!(
+            members, dependencies,
+            "the workspace's arch crates and this crate's dependencies differ"
         );
     }
 

@@ -203,12 +203,7 @@ impl ModelLayout {
                     LayerSite::AttentionOutput => 1,
                     LayerSite::MlpOutput => 2,
                     LayerSite::LayerOutput => 3,
-                    LayerSite::Mixer(_, interior) => {
-                        4 + MixerSite::ALL
-                            .iter()
-                            .position(|s| *s == interior)
-                            .unwrap_or_default()
-                    }
+                    LayerSite::Mixer(_, interior) => 4 + interior.index(),
                 };
                 per_layer_base + layer * SLOTS_PER_LAYER + local
             }

@@ -36,6 +36,12 @@ impl MixerSite {
         MixerSite::AttentionHeadOutputs,
     ];
 
+    /// This site's place in [`MixerSite::ALL`] (its declaration order): a dense index with no
+    /// lookup that could miss.
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
     /// The canonical name of this site, without its layer prefix.
     pub fn name(self) -> &'static str {
         match self {
@@ -193,6 +199,13 @@ impl fmt::Display for Site {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn every_mixer_site_indexes_its_place_in_all() {
+        for (place, site) in MixerSite::ALL.iter().enumerate() {
+            assert_eq!(site.index(), place, "{site:?}");
+        }
+    }
 
     #[test]
     fn canonical_names_round_trip() {

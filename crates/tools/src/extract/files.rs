@@ -3,13 +3,12 @@
 
 use std::path::{Path, PathBuf};
 
-use burn::tensor::TensorData;
+use hookscope_core::burn::tensor::TensorData;
 use safetensors::SafeTensors;
 
 use super::prompts::Shard;
 use super::rows::{RowKind, SiteRows};
-use crate::checkpoint::Bytes;
-use crate::error::{Error, Result};
+use hookscope_core::{Error, Result};
 
 /// Per-token index arrays every row file holds, `[rows]` int64.
 pub const PROMPT_INDEX: &str = "prompt_index";
@@ -131,7 +130,7 @@ impl FileBuffer {
             let values = std::mem::take(values);
             tensors.push((name.to_string(), TensorData::new(values, [count])));
         }
-        crate::output::write_safetensors(path, &tensors)
+        hookscope_core::output::write_safetensors(path, &tensors)
     }
 }
 
@@ -141,7 +140,14 @@ pub fn read_index(path: &Path, name: &str) -> Result<Vec<i64>> {
         path: path.to_path_buf(),
         message,
     };
-    let bytes = Bytes::map(path)?;
+    let io = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    // SAFETY: the map is read-only and private to this process; a row file is renamed into
+    // place complete and never rewritten, so nothing changes it underneath the map.
+    let bytes = unsafe { memmap2::Mmap::map(&file) }.map_err(io)?;
     let tensors = SafeTensors::deserialize(&bytes).map_err(|e| malformed(e.to_string()))?;
     let view = tensors
         .tensor(name)
@@ -170,7 +176,11 @@ pub fn write_json(path: &Path, value: &impl serde::Serialize) -> Result<()> {
 
 /// Reads JSON written by [`write_json`].
 pub fn read_json<T: serde::de::DeserializeOwned>(path: &Path) -> Result<T> {
-    serde_json::from_value(crate::config::read_json(path)?).map_err(|source| Error::Json {
+    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    serde_json::from_str(&text).map_err(|source| Error::Json {
         path: path.to_path_buf(),
         source,
     })

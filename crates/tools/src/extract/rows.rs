@@ -1,8 +1,8 @@
 //! Turning a batch's saved value into rows: one row per real token for sites with a token axis,
 //! one row per prompt for the others.
 
-use crate::error::{Error, Result};
-use crate::schema::{CallDims, Dim, ModelLayout, Site};
+use hookscope_core::schema::{CallDims, Dim, ModelLayout, Site};
+use hookscope_core::{Error, Result};
 
 /// What a row of a site's output stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -105,7 +105,7 @@ impl SiteRows {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::schema::{LayerSpec, MixerSite};
+    use hookscope_core::schema::{LayerSpec, MixerSite};
 
     fn layout() -> ModelLayout {
         ModelLayout::uniform(8, 11, LayerSpec::attention(2, 2, 4), 2)

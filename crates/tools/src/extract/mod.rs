@@ -21,10 +21,10 @@ pub use rows::{RowKind, SiteRows};
 use files::{FileBuffer, FileNames, read_index, read_json, write_json};
 use serde::{Deserialize, Serialize};
 
-use crate::error::{Error, Result};
-use crate::hooks::{Interventions, Steps};
-use crate::model::Model;
-use crate::schema::Site;
+use hookscope_core::Model;
+use hookscope_core::hooks::{Interventions, Steps};
+use hookscope_core::schema::Site;
+use hookscope_core::{Error, Result};
 
 /// Batches per window: a window of prompts is sorted by length before it is cut into batches.
 const WINDOW_BATCHES: usize = 16;
@@ -144,7 +144,7 @@ pub fn extract(
         .iter()
         .map(|r| r.row_len().saturating_mul(std::mem::size_of::<f32>()))
         .fold(3 * std::mem::size_of::<i64>(), usize::saturating_add);
-    crate::memory::ensure_fits(
+    hookscope_core::memory::ensure_fits(
         || format!("a file of {} rows", job.max_rows_per_file),
         row_bytes.saturating_mul(job.max_rows_per_file),
         "; lower --max-rows-per-file",

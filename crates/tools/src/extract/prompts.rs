@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
-use crate::error::{Error, Result};
-use crate::tokenizer::Tokenizer;
+use hookscope_core::tokenizer::Tokenizer;
+use hookscope_core::{Error, Result};
 
 /// One part of a job split across machines: shard `index` of `count`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

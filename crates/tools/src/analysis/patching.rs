@@ -2,12 +2,12 @@
 //! TransformerLens' `get_act_patch_*`): run a corrupted prompt with one site's value at one
 //! position taken from a clean run, and measure how much of the clean behaviour returns.
 
-use burn::tensor::Tensor;
+use hookscope_core::burn::tensor::Tensor;
 
-use crate::error::{Error, Result};
-use crate::hooks::{Interventions, Saved, SiteValue, Steps};
-use crate::model::Model;
-use crate::schema::{Dim, Site};
+use hookscope_core::Model;
+use hookscope_core::hooks::{Interventions, Saved, SiteValue, Steps};
+use hookscope_core::schema::{Dim, Site};
+use hookscope_core::{Error, Result};
 
 /// What a patching sweep measures on the last position's logits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -65,99 +65,98 @@ pub struct PatchingSweep {
     pub corrupt: f32,
 }
 
-impl Model {
-    /// For every site of `sites` and every position `p`, runs `corrupt` with the site's value
-    /// at position `p` replaced by its value in the clean run (all positions of one site in one
-    /// batched call), and scores `metric` between the corrupt (0) and clean (1) runs. Both
-    /// prompts must have the same length; every site needs a position axis (`T`, or `S` at the
-    /// prompt call).
-    pub fn activation_patching(
-        &self,
-        clean: &[u32],
-        corrupt: &[u32],
-        sites: &[Site],
-        metric: Metric,
-    ) -> Result<PatchingSweep> {
-        if clean.len() != corrupt.len() {
-            return Err(Error::InvalidInput(format!(
-                "the clean prompt has {} tokens and the corrupt one {}: patching position by \
-                 position needs prompts of the same length",
-                clean.len(),
-                corrupt.len()
-            )));
-        }
-        if let Some(token) = metric
-            .tokens()
-            .into_iter()
-            .find(|t| *t as usize >= self.layout().vocab)
-        {
-            return Err(Error::InvalidInput(format!(
-                "metric token {token} is outside the vocabulary of {}",
-                self.layout().vocab
-            )));
-        }
-        let axes = sites
-            .iter()
-            .map(|site| position_axis(self, *site))
-            .collect::<Result<Vec<_>>>()?;
-        let mut saves = Interventions::new();
-        for site in sites {
-            saves = saves.save(*site, Steps::At(0));
-        }
-        let run = |prompt: &[u32]| -> Result<(f32, Saved)> {
-            let trace = self.trace(&self.batch(vec![prompt.to_vec()])?, &saves)?;
-            let last = last_logits(&trace.logits)?;
-            Ok((metric.measure(&last[0]), trace.saved))
+/// For every site of `sites` and every position `p`, runs `corrupt` with the site's value
+/// at position `p` replaced by its value in the clean run (all positions of one site in one
+/// batched call), and scores `metric` between the corrupt (0) and clean (1) runs. Both
+/// prompts must have the same length; every site needs a position axis (`T`, or `S` at the
+/// prompt call).
+pub fn activation_patching(
+    model: &Model,
+    clean: &[u32],
+    corrupt: &[u32],
+    sites: &[Site],
+    metric: Metric,
+) -> Result<PatchingSweep> {
+    if clean.len() != corrupt.len() {
+        return Err(Error::InvalidInput(format!(
+            "the clean prompt has {} tokens and the corrupt one {}: patching position by \
+             position needs prompts of the same length",
+            clean.len(),
+            corrupt.len()
+        )));
+    }
+    if let Some(token) = metric
+        .tokens()
+        .into_iter()
+        .find(|t| *t as usize >= model.layout().vocab)
+    {
+        return Err(Error::InvalidInput(format!(
+            "metric token {token} is outside the vocabulary of {}",
+            model.layout().vocab
+        )));
+    }
+    let axes = sites
+        .iter()
+        .map(|site| position_axis(model, *site))
+        .collect::<Result<Vec<_>>>()?;
+    let mut saves = Interventions::new();
+    for site in sites {
+        saves = saves.save(*site, Steps::At(0));
+    }
+    let run = |prompt: &[u32]| -> Result<(f32, Saved)> {
+        let trace = model.trace(&model.batch(vec![prompt.to_vec()])?, &saves)?;
+        let last = last_logits(&trace.logits)?;
+        Ok((metric.measure(&last[0]), trace.saved))
+    };
+    let (clean_metric, clean_saved) = run(clean)?;
+    let (corrupt_metric, corrupt_saved) = run(corrupt)?;
+    let span = clean_metric - corrupt_metric;
+    if span == 0.0 || !span.is_finite() {
+        return Err(Error::InvalidInput(format!(
+            "the metric is {clean_metric} on both prompts: nothing to restore"
+        )));
+    }
+    let positions = clean.len();
+    let batch = model.batch(vec![corrupt.to_vec(); positions])?;
+    let mut scores = Vec::with_capacity(sites.len());
+    for (site, axis) in sites.iter().zip(axes) {
+        let value = |saved: &Saved| -> Result<(Vec<f32>, Vec<usize>)> {
+            let value = saved
+                .get(*site, 0)
+                .ok_or_else(|| Error::Backend(format!("`{site}` was not served")))?;
+            let values = value
+                .to_data()
+                .try_into_vec::<f32>()
+                .map_err(|e| Error::Backend(format!("{e:?}")))?;
+            Ok((values, value.shape()))
         };
-        let (clean_metric, clean_saved) = run(clean)?;
-        let (corrupt_metric, corrupt_saved) = run(corrupt)?;
-        let span = clean_metric - corrupt_metric;
-        if span == 0.0 || !span.is_finite() {
-            return Err(Error::InvalidInput(format!(
-                "the metric is {clean_metric} on both prompts: nothing to restore"
-            )));
-        }
-        let positions = clean.len();
-        let batch = self.batch(vec![corrupt.to_vec(); positions])?;
-        let mut scores = Vec::with_capacity(sites.len());
-        for (site, axis) in sites.iter().zip(axes) {
-            let value = |saved: &Saved| -> Result<(Vec<f32>, Vec<usize>)> {
-                let value = saved
-                    .get(*site, 0)
-                    .ok_or_else(|| Error::Backend(format!("`{site}` was not served")))?;
-                let values = value
-                    .to_data()
-                    .try_into_vec::<f32>()
-                    .map_err(|e| Error::Backend(format!("{e:?}")))?;
-                Ok((values, value.shape()))
-            };
-            let (clean_values, shape) = value(&clean_saved)?;
-            let (corrupt_values, _) = value(&corrupt_saved)?;
-            let patched = patched_rows(&clean_values, &corrupt_values, &shape, axis);
-            let mut patched_shape = shape.clone();
-            patched_shape[0] = positions;
-            let patched = SiteValue::from_floats(patched, &patched_shape, self.device()).map_err(
-                |message| Error::Edit {
+        let (clean_values, shape) = value(&clean_saved)?;
+        let (corrupt_values, _) = value(&corrupt_saved)?;
+        let patched = patched_rows(&clean_values, &corrupt_values, &shape, axis);
+        let mut patched_shape = shape.clone();
+        patched_shape[0] = positions;
+        let patched =
+            SiteValue::from_floats(patched, &patched_shape, model.device()).map_err(|message| {
+                Error::Edit {
                     site: site.to_string(),
                     message,
-                },
-            )?;
-            let interventions = Interventions::new().set(*site, Steps::At(0), patched);
-            let trace = self.trace(&batch, &interventions)?;
-            let row_scores = last_logits(&trace.logits)?
-                .iter()
-                .map(|row| (metric.measure(row) - corrupt_metric) / span)
-                .collect();
-            scores.push(row_scores);
-        }
-        Ok(PatchingSweep {
-            sites: sites.to_vec(),
-            positions,
-            scores,
-            clean: clean_metric,
-            corrupt: corrupt_metric,
-        })
+                }
+            })?;
+        let interventions = Interventions::new().set(*site, Steps::At(0), patched);
+        let trace = model.trace(&batch, &interventions)?;
+        let row_scores = last_logits(&trace.logits)?
+            .iter()
+            .map(|row| (metric.measure(row) - corrupt_metric) / span)
+            .collect();
+        scores.push(row_scores);
     }
+    Ok(PatchingSweep {
+        sites: sites.to_vec(),
+        positions,
+        scores,
+        clean: clean_metric,
+        corrupt: corrupt_metric,
+    })
 }
 
 /// The axis of `site` that indexes prompt positions.

@@ -1,7 +1,0 @@
-//! Analyses built on traces: the logit lens and activation patching.
-
-mod lens;
-mod patching;
-
-pub use lens::LogitLens;
-pub use patching::{Metric, PatchingSweep};
