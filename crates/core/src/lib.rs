@@ -16,8 +16,8 @@ pub mod decoding;
 pub mod device;
 pub mod error;
 pub mod extract;
-pub mod generate;
 pub mod hooks;
+pub mod host;
 pub mod input;
 pub mod loading;
 pub mod memory;
@@ -26,6 +26,7 @@ pub mod nn;
 pub mod output;
 pub mod plugin;
 pub mod registry;
+pub mod run;
 pub mod schema;
 pub mod tokenizer;
 
@@ -34,13 +35,13 @@ pub use call::Call;
 pub use decoding::{Decoding, GenerationConfig};
 pub use device::DeviceChoice;
 pub use error::{Error, Result};
-pub use generate::Generation;
 pub use hooks::{Interventions, Observer, Saved, SiteValue, Steps};
 pub use input::Batch;
 pub use loading::{
     ArchConfig, EmbeddedModel, MatmulPrecision, ModelSource, WeightDtype, WeightLoader,
 };
-pub use model::{LoadOptions, Model, Trace};
+pub use model::{LoadOptions, Model};
+pub use run::{Generation, Run, Trace};
 pub use schema::{LayerSite, MixerKind, MixerSite, ModelLayout, Site};
 
 /// Re-exported so adapters register with the same `inventory` and `burn` as core.
@@ -53,6 +54,7 @@ pub mod prelude {
     pub use crate::burn::tensor::Device;
     pub use crate::{
         Batch, Decoding, DeviceChoice, Error, Generation, GenerationConfig, Interventions,
-        LayerSite, MixerSite, Model, ModelSource, Result, Saved, Site, SiteValue, Steps, Trace,
+        LayerSite, MixerSite, Model, ModelSource, Result, Run, Saved, Site, SiteValue, Steps,
+        Trace,
     };
 }

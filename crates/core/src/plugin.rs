@@ -22,7 +22,7 @@ pub const SCHEMA_VERSION: u32 = 1;
 
 /// Version of the adapter interface ([`crate::CausalLm`], [`Architecture`], the per-call
 /// context): bumped whenever a plugin built against the previous one would not fit.
-pub const ADAPTER_VERSION: u32 = 3;
+pub const ADAPTER_VERSION: u32 = 4;
 
 /// The burn backend features this workspace pins (`[workspace.dependencies]`).
 const BACKEND: &str = "burn 0.22.1 flex+simd+rayon+x86-v4";

@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 use crate::hooks::{Action, Interventions, SiteValue, Steps};
 use crate::input::Batch;
 use crate::model::Model;
+use crate::run::Run;
 use crate::schema::{LayerSite, Site};
 
 /// Every layer's output of one prompt call, ready to be read through the head. Probabilities
@@ -33,7 +34,10 @@ impl Model {
         for layer in 0..layers {
             requests.push(site(layer), Steps::At(0), Action::Save);
         }
-        let saved = self.read(batch, &requests)?;
+        let run = Run::new()
+            .interventions(&requests)
+            .stop_after_last_request();
+        let saved = self.trace(batch, run)?.saved;
         let layer_outputs = (0..layers)
             .map(|layer| {
                 saved
@@ -42,7 +46,10 @@ impl Model {
                         SiteValue::Float3(t) => Some(t.clone()),
                         _ => None,
                     })
-                    .ok_or_else(|| Error::Backend(format!("`{}` was not served", site(layer))))
+                    .ok_or_else(|| Error::NotServed {
+                        site: site(layer).to_string(),
+                        step: 0,
+                    })
             })
             .collect::<Result<Vec<_>>>()?;
         Ok(LogitLens {

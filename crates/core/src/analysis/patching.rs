@@ -106,7 +106,7 @@ impl Model {
         }
         let run = |prompt: &[u32]| -> Result<(f32, Saved)> {
             let trace = self.trace(&self.batch(vec![prompt.to_vec()])?, &saves)?;
-            let last = last_logits(&trace.logits)?;
+            let last = last_logits(trace.logits()?)?;
             Ok((metric.measure(&last[0]), trace.saved))
         };
         let (clean_metric, clean_saved) = run(clean)?;
@@ -122,13 +122,8 @@ impl Model {
         let mut scores = Vec::with_capacity(sites.len());
         for (site, axis) in sites.iter().zip(axes) {
             let value = |saved: &Saved| -> Result<(Vec<f32>, Vec<usize>)> {
-                let value = saved
-                    .get(*site, 0)
-                    .ok_or_else(|| Error::Backend(format!("`{site}` was not served")))?;
-                let values = value
-                    .to_data()
-                    .try_into_vec::<f32>()
-                    .map_err(|e| Error::Backend(format!("{e:?}")))?;
+                let value = saved.require(*site, 0)?;
+                let values = crate::host::f32_values(value.to_data())?;
                 Ok((values, value.shape()))
             };
             let (clean_values, shape) = value(&clean_saved)?;
@@ -144,7 +139,7 @@ impl Model {
             )?;
             let interventions = Interventions::new().set(*site, Steps::At(0), patched);
             let trace = self.trace(&batch, &interventions)?;
-            let row_scores = last_logits(&trace.logits)?
+            let row_scores = last_logits(trace.logits()?)?
                 .iter()
                 .map(|row| (metric.measure(row) - corrupt_metric) / span)
                 .collect();
@@ -196,13 +191,13 @@ fn patched_rows(clean: &[f32], corrupt: &[f32], shape: &[usize], axis: usize) ->
 /// Each row's last-position logits, on the host.
 fn last_logits(logits: &Tensor<3>) -> Result<Vec<Vec<f32>>> {
     let [batch, tokens, vocab] = logits.dims();
-    let last = logits
-        .clone()
-        .slice_dim(1, tokens - 1..tokens)
-        .reshape([batch, vocab])
-        .into_data()
-        .try_into_vec::<f32>()
-        .map_err(|e| Error::Backend(format!("{e:?}")))?;
+    let last = crate::host::f32_values(
+        logits
+            .clone()
+            .slice_dim(1, tokens - 1..tokens)
+            .reshape([batch, vocab])
+            .into_data(),
+    )?;
     Ok(last.chunks(vocab).map(<[f32]>::to_vec).collect())
 }
 
