@@ -14,7 +14,7 @@ use hookscope::decoding::argmax;
 use hookscope::schema::{CallDims, MixerKind};
 use hookscope::{
     Architecture, Decoding, Generation, GenerationConfig, Interventions, LayerSite, MixerSite,
-    Model, Site, SiteValue, Steps,
+    Model, Run, Site, SiteValue, Steps,
 };
 
 /// Decode steps after the prompt call.
@@ -148,9 +148,9 @@ impl Subject {
         config.eos_token_ids.clear();
         let batch = model.batch(prompts.clone()).map_err(error)?;
         let mut recorder = Recorder::default();
-        let batch_run = model
-            .generate_observed(&batch, &save_all(&model), &config, &mut recorder)
-            .map_err(error)?;
+        let requests = save_all(&model);
+        let run = Run::new().interventions(&requests).observer(&mut recorder);
+        let batch_run = model.generate(&batch, run, &config).map_err(error)?;
         Ok(Subject {
             model,
             prompts,
@@ -224,8 +224,9 @@ impl Subject {
             });
             let batch = self.model.batch(self.prompts.clone()).map_err(error)?;
             let mut recorder = Recorder::default();
+            let run = Run::new().interventions(&requests).observer(&mut recorder);
             self.model
-                .generate_observed(&batch, &requests, &self.config, &mut recorder)
+                .generate(&batch, run, &self.config)
                 .map_err(error)?;
             for (step, served) in recorder.steps.iter().enumerate() {
                 check_call_order(&declared, served, |site| observed.contains(site))

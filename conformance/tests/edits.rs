@@ -169,7 +169,8 @@ fn the_logit_lens_matches_transformers() {
         let trace = model
             .trace(&batch, &hookscope::Interventions::new())
             .unwrap();
-        let probs = hookscope::burn::tensor::activation::softmax(trace.logits, 2);
+        let probs =
+            hookscope::burn::tensor::activation::softmax(trace.logits().unwrap().clone(), 2);
         let last = floats(lens.probabilities(lens.layers() - 1).unwrap().into_data());
         assert!(max_diff(&last, &floats(probs.into_data())) < 1e-5, "{name}");
     }

@@ -4,7 +4,7 @@ mod common;
 
 use common::{floats, load_fixture, max_diff, values};
 use hookscope::burn::tensor::{Int, Tensor};
-use hookscope::{Error, Interventions, LayerSite, MixerSite, Site, SiteValue, Steps};
+use hookscope::{Error, Interventions, LayerSite, MixerSite, Run, Site, SiteValue, Steps};
 use hookscope_conformance::order::{Recorder, check_call_order};
 
 fn layer(layer: usize, site: LayerSite) -> Site {
@@ -29,7 +29,7 @@ fn observing_the_order_does_not_change_the_attention_path() {
     // Nobody reads the attention pattern: the fused path runs and does not serve it.
     let mut fused = Recorder::default();
     model
-        .trace_observed(&batch, &Interventions::new(), &mut fused)
+        .trace(&batch, Run::new().observer(&mut fused))
         .unwrap();
     let is_pattern = |site: &Site| {
         matches!(site, Site::Layer { site: LayerSite::Mixer(_, s), .. }
@@ -45,10 +45,11 @@ fn observing_the_order_does_not_change_the_attention_path() {
     let probabilities = Site::self_attn(1, MixerSite::AttentionProbabilities);
     let mut explicit = Recorder::default();
     model
-        .trace_observed(
+        .trace(
             &batch,
-            &Interventions::new().save(probabilities, Steps::At(0)),
-            &mut explicit,
+            Run::new()
+                .interventions(&Interventions::new().save(probabilities, Steps::At(0)))
+                .observer(&mut explicit),
         )
         .unwrap();
     let expected: Vec<Site> = declared
@@ -66,8 +67,8 @@ fn saving_every_site_does_not_change_the_output() {
     let batch = model.batch(vec![vec![3, 1, 4, 1, 5]]).unwrap();
     let plain = model.trace(&batch, &Interventions::new()).unwrap();
     let hooked = model.trace(&batch, &save_all(&model)).unwrap();
-    let a = floats(plain.logits.to_data());
-    let b = floats(hooked.logits.to_data());
+    let a = floats(plain.logits().unwrap().to_data());
+    let b = floats(hooked.logits().unwrap().to_data());
     assert!(max_diff(&a, &b) < 1e-5);
     assert_eq!(hooked.saved.len(), model.layout().call_order().len());
 }
@@ -344,9 +345,10 @@ fn the_saved_size_estimate_matches_what_a_run_saves() {
     }
 }
 
-/// `Model::read` stops after the last requested site and saves what `trace` saves.
+/// A run told to stop after the last requested site saves what a whole trace saves, and
+/// computes no logits.
 #[test]
-fn read_saves_what_trace_saves_and_stops_early() {
+fn stopping_after_the_last_request_saves_what_a_trace_saves() {
     for name in ["gpt2-tied", "mamba2-groups1-tied", "qwen3.5-moe"] {
         let model = load_fixture(name);
         let batch = model.batch(vec![vec![3, 1, 4, 1, 5], vec![2, 7]]).unwrap();
@@ -355,7 +357,21 @@ fn read_saves_what_trace_saves_and_stops_early() {
         let requests = sites.iter().fold(Interventions::new(), |acc, site| {
             acc.save(*site, Steps::At(0))
         });
-        let read = model.read(&batch, &requests).unwrap();
+        let stop = |requests: &Interventions| {
+            model.trace(
+                &batch,
+                Run::new().interventions(requests).stop_after_last_request(),
+            )
+        };
+        let early_trace = stop(&requests).unwrap();
+        assert!(
+            matches!(
+                early_trace.logits(),
+                Err(Error::NotComputed { value: "logits" })
+            ),
+            "{name}"
+        );
+        let read = early_trace.saved;
         let traced = model.trace(&batch, &requests).unwrap();
         assert_eq!(read.len(), 2, "{name}");
         for site in sites {
@@ -368,7 +384,7 @@ fn read_saves_what_trace_saves_and_stops_early() {
         // A write after the last save still runs (the call stops after the last touched site).
         let late = layer(model.layout().layers.len() - 1, LayerSite::LayerOutput);
         let failing = requests.edit(late, Steps::At(0), |_| Err("reached".into()));
-        let error = model.read(&batch, &failing).unwrap_err().to_string();
+        let error = stop(&failing).unwrap_err().to_string();
         assert!(error.contains("reached"), "{name}: {error}");
     }
 }
@@ -399,5 +415,37 @@ fn non_finite_values_reaching_the_output_are_errors() {
     assert!(
         matches!(&generated, Error::NonFinite(m) if m.starts_with("step 1, row 0") && m.contains("NaN")),
         "{generated}"
+    );
+}
+
+/// A run's interruption check is asked before every call, and the step it refuses never runs;
+/// a generation refuses to stop after its last request (it needs every step's distribution).
+#[test]
+fn a_run_is_interrupted_before_the_step_its_check_refuses() {
+    let model = load_fixture("gpt2-tied");
+    let batch = model.batch(vec![vec![3, 1, 4]]).unwrap();
+    let mut config = model.generation_config().clone();
+    config.max_new_tokens = 5;
+    config.eos_token_ids.clear();
+    let mut asked = Vec::new();
+    let mut at_step_2 = |step| {
+        asked.push(step);
+        step == 2
+    };
+    let run = Run::new().interrupt_when(&mut at_step_2);
+    let error = model.generate(&batch, run, &config).unwrap_err();
+    assert!(matches!(error, Error::Interrupted { step: 2 }), "{error}");
+    assert_eq!(asked, [0, 1, 2]);
+    let early = Run::new().stop_after_last_request();
+    let error = model.generate(&batch, early, &config).unwrap_err();
+    assert!(
+        matches!(
+            error,
+            Error::RunOption {
+                option: "Run::stop_after_last_request",
+                ..
+            }
+        ),
+        "{error}"
     );
 }

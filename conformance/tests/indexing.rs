@@ -324,7 +324,7 @@ fn the_batched_patching_sweep_equals_one_indexed_set_per_position() {
         let trace = model
             .trace(&model.batch(vec![prompt.to_vec()]).unwrap(), interventions)
             .unwrap();
-        let logits = floats(trace.logits.into_data());
+        let logits = floats(trace.logits().unwrap().to_data());
         let last = &logits[logits.len() - model.layout().vocab..];
         (last[3] - last[4], trace.saved)
     };

@@ -159,8 +159,18 @@ fn sharded_checkpoint_equals_single_file() {
     let reference = load_fixture("gpt2-tied");
     let batch = reference.batch(vec![vec![1, 2, 3, 4]]).unwrap();
     let none = Interventions::new();
-    let a = sharded.trace(&batch, &none).unwrap().logits.to_data();
-    let b = reference.trace(&batch, &none).unwrap().logits.to_data();
+    let a = sharded
+        .trace(&batch, &none)
+        .unwrap()
+        .logits()
+        .unwrap()
+        .to_data();
+    let b = reference
+        .trace(&batch, &none)
+        .unwrap()
+        .logits()
+        .unwrap()
+        .to_data();
     assert_eq!(a, b);
 }
 

@@ -12,7 +12,7 @@ use std::path::Path;
 
 use common::{RawTensors, max_diff, read_tensors, values, write_tensors};
 use hookscope::{
-    Decoding, Interventions, LoadOptions, MatmulPrecision, Model, ModelSource, Site, Steps,
+    Decoding, Interventions, LoadOptions, MatmulPrecision, Model, ModelSource, Run, Site, Steps,
     WeightDtype,
 };
 use hookscope_conformance::fixtures_dir;
@@ -181,9 +181,11 @@ const BF16_PRODUCTS_TOLERANCE: f32 = 1.0 / 16.0;
 fn prompt_logits(model: &Model, fixture: &Path) -> Vec<f32> {
     let prompt = Reference::open(fixture).unwrap().prompts.prompts[0].clone();
     let batch = model.batch(vec![prompt]).unwrap();
-    let saved = model
-        .read(&batch, &Interventions::new().save(Site::Logits, Steps::All))
-        .unwrap();
+    let requests = Interventions::new().save(Site::Logits, Steps::All);
+    let run = Run::new()
+        .interventions(&requests)
+        .stop_after_last_request();
+    let saved = model.trace(&batch, run).unwrap().saved;
     values(saved.get(Site::Logits, 0).unwrap())
 }
 

@@ -11,9 +11,9 @@
 //! is carried. Linear in the prompt length. A decode step applies the rule once. Both leave the
 //! same state.
 
+use hookscope_core::Result;
 use hookscope_core::burn::tensor::{Bool, Tensor, TensorData};
 use hookscope_core::nn::{exp, pairwise_decay};
-use hookscope_core::{Error, Result};
 
 /// The chunk length of the prompt call.
 pub const CHUNK: usize = 64;
@@ -112,11 +112,7 @@ fn unit_lower_inverse(lower: Tensor<5>) -> Result<Tensor<5>> {
     let dims = lower.dims();
     let size = dims[4];
     let device = lower.device();
-    let mut values = lower
-        .into_data()
-        .convert::<f32>()
-        .try_into_vec::<f32>()
-        .map_err(|e| Error::Backend(format!("{e:?}")))?;
+    let mut values = lower.into_data().convert::<f32>().try_into_vec::<f32>()?;
     for matrix in values.chunks_mut(size * size) {
         // A = -L; then row i becomes A[i] + A[i] @ X[:i] over the finished rows above it.
         for value in matrix.iter_mut() {

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use hookscope::{Error, Interventions, Result, SiteValue, Steps};
+use hookscope::{Error, Interventions, Result, Run, SiteValue, Steps};
 
 use crate::plot::{Palette, Panel, write_heatmaps};
 use crate::tokens::prompt_labels;
@@ -39,15 +39,19 @@ pub fn attention(args: &AttentionArgs) -> Result<()> {
         args.layer
     ))?;
     let batch = model.encode(&[args.prompt.as_str()])?;
-    let saved = model.read(&batch, &Interventions::new().save(site, Steps::At(0)))?;
+    let requests = Interventions::new().save(site, Steps::At(0));
+    let run = Run::new()
+        .interventions(&requests)
+        .stop_after_last_request();
+    let saved = model.trace(&batch, run)?.saved;
     let Some(SiteValue::Float4(probs)) = saved.get(site, 0) else {
-        return Err(Error::Backend(format!("`{site}` was not served")));
+        return Err(Error::NotServed {
+            site: site.to_string(),
+            step: 0,
+        });
     };
     let [_, heads, queries, keys] = probs.dims();
-    let values = probs
-        .to_data()
-        .try_into_vec::<f32>()
-        .map_err(|e| Error::Backend(format!("{e:?}")))?;
+    let values = hookscope::host::f32_values(probs.to_data())?;
     let shown: Vec<usize> = match args.head {
         Some(head) if head >= heads => {
             return Err(Error::InvalidInput(format!(

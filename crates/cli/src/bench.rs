@@ -6,7 +6,7 @@
 use std::time::Instant;
 
 use clap::Args;
-use hookscope::{Decoding, Error, Interventions, LayerSite, Result, Site, Steps};
+use hookscope::{Decoding, Interventions, LayerSite, Result, Site, Steps};
 use multiversion::{multiversion, target::selected_target};
 use serde_json::json;
 
@@ -187,12 +187,7 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
             model.generate(&batch, interventions, &config)?;
         } else {
             let trace = model.trace(&batch, interventions)?;
-            trace
-                .next_token_probs
-                .to_data()
-                .convert::<f32>()
-                .try_into_vec::<f32>()
-                .map_err(|e| Error::Backend(format!("{e:?}")))?;
+            hookscope::host::f32_values(trace.next_token_probs()?.to_data())?;
         }
         Ok(start.elapsed().as_secs_f64() * 1e3)
     };

@@ -39,14 +39,12 @@ pub fn lens(args: &LensArgs) -> Result<()> {
     let lens = hookscope::analysis::logit_lens(&model, &batch, &Interventions::new())?;
     let mut layers: Vec<LayerTop> = Vec::with_capacity(lens.layers().min(1024));
     for layer in 0..lens.layers() {
-        let probs = lens
-            .probabilities(layer)
-            .ok_or_else(|| Error::Backend(format!("layer {layer} has no output")))?;
+        let probs = lens.probabilities(layer).ok_or_else(|| Error::NotServed {
+            site: format!("layers.{layer}.layer_output"),
+            step: 0,
+        })?;
         let [_, _, vocab] = probs.dims();
-        let values = probs
-            .into_data()
-            .try_into_vec::<f32>()
-            .map_err(|e| Error::Backend(format!("{e:?}")))?;
+        let values = hookscope::host::f32_values(probs.into_data())?;
         let positions = values
             .chunks(vocab.max(1))
             .map(|row| {

@@ -8,8 +8,7 @@ use hookscope::burn::tensor::TensorData;
 use hookscope::decoding::{DecodingChoice, top_k};
 use hookscope::hooks::RequestSpecs;
 use hookscope::{
-    Decoding, Error, Generation, GenerationConfig, Interventions, Model, Result, Saved, Steps,
-    Trace,
+    Error, Generation, GenerationConfig, Interventions, Model, Result, Saved, Steps, Trace,
 };
 use serde_json::json;
 
@@ -89,8 +88,13 @@ pub struct GenerationArgs {
 }
 
 impl GenerationArgs {
-    /// The checkpoint's defaults with this command line's overrides.
-    fn config(&self, defaults: &GenerationConfig, max_new_tokens: usize) -> GenerationConfig {
+    /// The checkpoint's defaults with this command line's overrides (refusing sampling options
+    /// under greedy decoding).
+    fn config(
+        &self,
+        defaults: &GenerationConfig,
+        max_new_tokens: usize,
+    ) -> Result<GenerationConfig> {
         let sample = match (self.sample, self.greedy) {
             (true, _) => Some(true),
             (_, true) => Some(false),
@@ -134,20 +138,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
     if let Some(max_new_tokens) = args.generation.max_new_tokens {
         let config = args
             .generation
-            .config(model.generation_config(), max_new_tokens);
-        let sampling_options = [
-            ("--temperature", args.generation.temperature.is_some()),
-            ("--top-k", args.generation.top_k.is_some()),
-            ("--top-p", args.generation.top_p.is_some()),
-        ];
-        if let (Decoding::Greedy, Some((option, _))) = (
-            &config.decoding,
-            sampling_options.iter().find(|(_, given)| *given),
-        ) {
-            return Err(Error::InvalidInput(format!(
-                "{option} applies only when sampling, and this run decodes greedily: add --sample"
-            )));
-        }
+            .config(model.generation_config(), max_new_tokens)?;
         let generation = model.generate(&batch, &interventions, &config)?;
         warn_of_steps_never_run(&interventions, generation.steps, max_new_tokens);
         if let Some(path) = &args.out {
@@ -233,13 +224,9 @@ struct Candidate {
 }
 
 fn top_tokens(model: &Model, trace: &Trace, k: usize) -> Result<Vec<Vec<Candidate>>> {
-    let [_, vocab] = trace.next_token_probs.dims();
-    let probs = trace
-        .next_token_probs
-        .to_data()
-        .convert::<f32>()
-        .try_into_vec::<f32>()
-        .map_err(|e| Error::Backend(format!("{e:?}")))?;
+    let next_token_probs = trace.next_token_probs()?;
+    let [_, vocab] = next_token_probs.dims();
+    let probs = hookscope::host::f32_values(next_token_probs.to_data())?;
     probs
         .chunks(vocab.max(1))
         .map(|row| candidates(model, top_k(row, k)))

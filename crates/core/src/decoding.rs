@@ -56,9 +56,15 @@ pub struct DecodingChoice {
 }
 
 impl DecodingChoice {
-    /// Whether any sampling parameter is set (meaningless under greedy decoding).
-    pub fn sets_sampling_parameters(&self) -> bool {
-        self.temperature.is_some() || self.top_k.is_some() || self.top_p.is_some()
+    /// The first sampling option this choice sets (meaningless under greedy decoding), by name.
+    fn sampling_option(&self) -> Option<&'static str> {
+        [
+            ("temperature", self.temperature.is_some()),
+            ("top_k", self.top_k.is_some()),
+            ("top_p", self.top_p.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(option, given)| given.then_some(option))
     }
 }
 
@@ -81,8 +87,13 @@ pub struct GenerationConfig {
 impl GenerationConfig {
     /// These defaults for a generation of `max_new_tokens` with `choice` applied: sampling
     /// keeps the checkpoint's parameters unless overridden (`transformers`' 1, 50, 1 when the
-    /// checkpoint decodes greedily).
-    pub fn with_choice(&self, max_new_tokens: usize, choice: &DecodingChoice) -> GenerationConfig {
+    /// checkpoint decodes greedily). A sampling option under greedy decoding is refused, naming
+    /// the option ([`Error::SamplingOptionUnderGreedy`]).
+    pub fn with_choice(
+        &self,
+        max_new_tokens: usize,
+        choice: &DecodingChoice,
+    ) -> Result<GenerationConfig> {
         let mut config = self.clone();
         config.max_new_tokens = max_new_tokens;
         let (sampled, temperature, top_k, top_p) = match self.decoding {
@@ -103,7 +114,10 @@ impl GenerationConfig {
             },
             false => Decoding::Greedy,
         };
-        config
+        if let (Decoding::Greedy, Some(option)) = (&config.decoding, choice.sampling_option()) {
+            return Err(Error::SamplingOptionUnderGreedy { option });
+        }
+        Ok(config)
     }
 
     /// The checkpoint's defaults: `generation_config.json`, then `config.json` (each given
@@ -341,6 +355,32 @@ mod tests {
             GenerationConfig::from_json(None, (config_path, &json!({"eos_token_id": 5}))).unwrap();
         assert_eq!(greedy.decoding, Decoding::Greedy);
         assert_eq!(greedy.pad_token_id, 5);
+    }
+
+    #[test]
+    fn a_sampling_option_under_greedy_decoding_is_refused_by_name() {
+        let path = Path::new("c.json");
+        let greedy = GenerationConfig::from_json(None, (path, &json!({}))).unwrap();
+        let top_p = DecodingChoice {
+            top_p: Some(0.9),
+            ..DecodingChoice::default()
+        };
+        let error = greedy.with_choice(3, &top_p).unwrap_err();
+        assert!(
+            matches!(error, Error::SamplingOptionUnderGreedy { option: "top_p" }),
+            "{error}"
+        );
+        assert!(
+            error
+                .to_string()
+                .starts_with("--top-p applies only when sampling")
+        );
+        let sampled = DecodingChoice {
+            sample: Some(true),
+            ..top_p
+        };
+        let config = greedy.with_choice(3, &sampled).unwrap();
+        assert!(matches!(config.decoding, Decoding::Sample { top_p, .. } if top_p == 0.9));
     }
 
     #[test]

@@ -3,7 +3,10 @@
 use std::path::PathBuf;
 
 /// Every failure hookscope reports. Messages are written for the researcher who caused them.
+///
+/// New kinds of failure may be added: a `match` needs a `_` arm.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum Error {
     /// A site name that is not in the schema.
     #[error("unknown site `{name}`{}", suggestion_suffix(.suggestion))]
@@ -264,13 +267,50 @@ pub enum Error {
     /// Non-finite values where a distribution or logits must be finite.
     #[error("{0}")]
     NonFinite(String),
-    /// A call ended after the last site its requests needed. Internal to [`crate::Model::read`],
-    /// which turns it into its result; no public function returns it.
-    #[error("the forward call stopped after the last requested site")]
-    StoppedEarly,
-    /// A tensor operation failed on the device.
+    /// The engine's signal that a call ended after the last site its requests touch
+    /// ([`crate::Run::stop_after_last_request`]): it travels through an adapter's `?` like an
+    /// error, and the engine turns it into the run's result. No public function returns it, and
+    /// its value cannot be made outside the engine.
+    #[doc(hidden)]
+    #[error("internal: the forward call stopped after the last requested site")]
+    StoppedEarly(StopSignal),
+    /// Copying a tensor's values to the host failed on the device.
     #[error("tensor backend: {0}")]
-    Backend(String),
+    Backend(#[from] burn::tensor::DataError),
+    /// A value the run should have served and saved is missing (an adapter that skipped a
+    /// declared site).
+    #[error("`{site}` was not served at step {step}")]
+    NotServed {
+        /// The site, as requested.
+        site: String,
+        /// The step.
+        step: usize,
+    },
+    /// A value a run did not compute because it ended early
+    /// ([`crate::Run::stop_after_last_request`]).
+    #[error("`{value}` was not computed: the run stopped after its last requested site")]
+    NotComputed {
+        /// What was asked for (`logits`, `next_token_probs`).
+        value: &'static str,
+    },
+    /// A sampling option given to a generation that decodes greedily.
+    #[error(
+        "--{} applies only when sampling, and this run decodes greedily: add --sample (Python: \
+         pass greedy=False or drop {option})",
+        .option.replace('_', "-")
+    )]
+    SamplingOptionUnderGreedy {
+        /// The option (`temperature`, `top_k`, `top_p`).
+        option: &'static str,
+    },
+    /// Run options that do not fit the call they are given to.
+    #[error("{option}: {reason}")]
+    RunOption {
+        /// The option ([`crate::Run`]'s method).
+        option: &'static str,
+        /// Why it cannot be used here.
+        reason: String,
+    },
     /// A load option that does not fit the model, its weights or the device.
     #[error("{option} `{value}`: {reason}")]
     LoadOption {
@@ -289,6 +329,18 @@ pub enum Error {
         /// What is wrong and how to fix it.
         reason: String,
     },
+}
+
+/// The value of [`Error::StoppedEarly`]: only the engine makes one, so no caller can raise the
+/// signal, and matching it tells a caller nothing it could act on.
+#[derive(Debug)]
+pub struct StopSignal(());
+
+impl StopSignal {
+    /// The signal, raised by the hooks of a call told to stop.
+    pub(crate) fn raise() -> Error {
+        Error::StoppedEarly(StopSignal(()))
+    }
 }
 
 /// `` `key`: `` before a config error, nothing for the whole file (`.`).

@@ -18,8 +18,8 @@ mod cpu;
 pub mod decoding;
 pub mod device;
 pub mod error;
-pub mod generate;
 pub mod hooks;
+pub mod host;
 pub mod input;
 pub mod memory;
 pub mod model;
@@ -28,6 +28,7 @@ pub mod output;
 pub mod plugin;
 pub mod precision;
 pub mod registry;
+pub mod run;
 pub mod schema;
 pub mod source;
 pub mod tokenizer;
@@ -39,11 +40,11 @@ pub use config::ArchConfig;
 pub use decoding::{Decoding, GenerationConfig};
 pub use device::DeviceChoice;
 pub use error::{Error, Result};
-pub use generate::Generation;
 pub use hooks::{Interventions, Observer, Saved, SiteValue, Steps};
 pub use input::Batch;
-pub use model::{LoadOptions, Model, Trace};
+pub use model::{LoadOptions, Model};
 pub use precision::{MatmulPrecision, WeightDtype};
+pub use run::{Generation, Run, Trace};
 pub use schema::{LayerSite, MixerKind, MixerSite, ModelLayout, Site};
 pub use source::{EmbeddedModel, ModelSource};
 pub use weights::WeightLoader;
@@ -58,6 +59,7 @@ pub mod prelude {
     pub use crate::burn::tensor::Device;
     pub use crate::{
         Batch, Decoding, DeviceChoice, Error, Generation, GenerationConfig, Interventions,
-        LayerSite, MixerSite, Model, ModelSource, Result, Saved, Site, SiteValue, Steps, Trace,
+        LayerSite, MixerSite, Model, ModelSource, Result, Run, Saved, Site, SiteValue, Steps,
+        Trace,
     };
 }

@@ -1,58 +1,23 @@
-//! The loaded [`Model`]: an adapter with its tokenizer and generation defaults, and the engine
-//! around its forward pass (traces; generation is in `generate.rs`).
+//! The loaded [`Model`]: an adapter with its tokenizer and generation defaults, how it loads and
+//! what it is. Running it (traces and generation) is in `run/`.
 
 use std::path::PathBuf;
 
-use burn::tensor::{Device, Int, Tensor, TensorData};
+use burn::tensor::{Device, Tensor};
 
 use crate::adapter::{Architecture, CausalLm};
-use crate::cache::ModelCache;
-use crate::call::Call;
 use crate::checkpoint::auto_dtype;
 use crate::config::{ArchConfig, parse_json};
 use crate::decoding::GenerationConfig;
 use crate::device::is_cpu;
 use crate::error::{Error, Result};
-use crate::hooks::{Hooks, Interventions, Observer, Saved};
 use crate::input::Batch;
 use crate::precision::{MatmulPrecision, WeightDtype};
 use crate::registry;
-use crate::schema::{ModelLayout, Site};
+use crate::schema::ModelLayout;
 use crate::source::ModelSource;
 use crate::tokenizer::Tokenizer;
 use crate::weights::{LoadReport, WeightLoader};
-
-/// The result of one forward trace.
-#[derive(Debug, Clone)]
-pub struct Trace {
-    /// Saved site values (step 0).
-    pub saved: Saved,
-    /// `[B, T, V]` logits (after any write to `logits`).
-    pub logits: Tensor<3>,
-    /// `[B, V]` softmax of the last position's logits.
-    pub next_token_probs: Tensor<2>,
-    /// The batch that was run.
-    pub batch: Batch,
-}
-
-/// What one call feeds: its step, the newest tokens `[B][T]` and the whole context's
-/// real-token mask `[B][S]`.
-pub(crate) struct Feed<'a> {
-    pub(crate) step: usize,
-    pub(crate) ids: &'a [Vec<u32>],
-    pub(crate) key_mask: &'a [Vec<bool>],
-}
-
-/// What a trace or generation carries from call to call: the requests, the values saved so far,
-/// the carried state, and an observer if one watches.
-pub(crate) struct Run<'a> {
-    pub(crate) interventions: &'a Interventions,
-    pub(crate) saved: Saved,
-    pub(crate) cache: ModelCache,
-    pub(crate) observer: Option<&'a mut dyn Observer>,
-    /// End each call right after the last site a request touches (no logits): [`Model::read`].
-    pub(crate) stop_early: bool,
-}
 
 /// A loaded model: an adapter, its tokenizer and generation defaults, on a device.
 pub struct Model {
@@ -275,194 +240,9 @@ impl Model {
         Ok(batch)
     }
 
-    /// Runs one forward call over `batch` with `interventions` at step 0.
-    pub fn trace(&self, batch: &Batch, interventions: &Interventions) -> Result<Trace> {
-        self.run_trace(batch, interventions, None)
-    }
-
-    /// Like [`Model::trace`], telling `observer` of every site served, in order.
-    pub fn trace_observed(
-        &self,
-        batch: &Batch,
-        interventions: &Interventions,
-        observer: &mut dyn Observer,
-    ) -> Result<Trace> {
-        self.run_trace(batch, interventions, Some(observer))
-    }
-
-    fn run_trace<'a>(
-        &self,
-        batch: &Batch,
-        interventions: &'a Interventions,
-        observer: Option<&'a mut dyn Observer>,
-    ) -> Result<Trace> {
-        let (outcome, saved) = self.prompt_call(batch, interventions, observer, false)?;
-        let (logits, next_token_probs) = outcome?;
-        let [batch_size, tokens, vocab] = logits.dims();
-        check_finite_logits(
-            &logits
-                .clone()
-                .slice_dim(1, tokens - 1..tokens)
-                .reshape([batch_size, vocab]),
-        )?;
-        Ok(Trace {
-            saved,
-            logits,
-            next_token_probs,
-            batch: batch.clone(),
-        })
-    }
-
     /// A residual stream `[B, T, H]` through the model's final norm and language-model head,
     /// `[B, T, V]` logits: what the forward pass applies after the last layer.
     pub fn unembed(&self, hidden: Tensor<3>) -> Tensor<3> {
         self.network.unembed(hidden)
     }
-
-    /// Runs the prompt call over `batch` only as far as the last site `interventions` read or
-    /// write, and returns what they saved: the layers after it and the language-model head are
-    /// never computed (what dataset extraction needs; nnsight's `tracer.stop()`).
-    pub fn read(&self, batch: &Batch, interventions: &Interventions) -> Result<Saved> {
-        let (outcome, saved) = self.prompt_call(batch, interventions, None, true)?;
-        match outcome {
-            Ok(_) | Err(Error::StoppedEarly) => Ok(saved),
-            Err(error) => Err(error),
-        }
-    }
-
-    /// The prompt call (step 0) over `batch`, after the checks every entry point makes: the
-    /// call's outcome (logits and next-token probabilities) and the values it saved.
-    fn prompt_call<'a>(
-        &self,
-        batch: &Batch,
-        interventions: &'a Interventions,
-        observer: Option<&'a mut dyn Observer>,
-        stop_early: bool,
-    ) -> Result<(Result<(Tensor<3>, Tensor<2>)>, Saved)> {
-        interventions.validate(self.layout())?;
-        batch.validate(self.layout().vocab)?;
-        self.check_length(batch.len())?;
-        let mut run = Run {
-            interventions,
-            saved: Saved::default(),
-            cache: self.network.new_cache(),
-            observer,
-            stop_early,
-        };
-        let feed = Feed {
-            step: 0,
-            ids: &batch.ids,
-            key_mask: &batch.mask,
-        };
-        let outcome = self.call(feed, &mut run);
-        Ok((outcome, run.saved))
-    }
-
-    pub(crate) fn check_length(&self, len: usize) -> Result<()> {
-        match self.network.max_positions() {
-            Some(max) if len > max => Err(Error::InvalidInput(format!(
-                "sequence of {len} tokens exceeds the model's {max} positions"
-            ))),
-            _ => Ok(()),
-        }
-    }
-
-    /// One forward call, serving the engine's model-level sites around the adapter's. On the CPU
-    /// backend it runs on one of rayon's worker threads ([`crate::cpu::on_worker`]), where the
-    /// kernels' parallel loops start at once; other backends keep the caller's thread (their
-    /// streams are per thread).
-    pub(crate) fn call(&self, feed: Feed<'_>, run: &mut Run<'_>) -> Result<(Tensor<3>, Tensor<2>)> {
-        match is_cpu(&self.device) {
-            true => crate::cpu::on_worker(|| self.call_here(feed, run)),
-            false => self.call_here(feed, run),
-        }
-    }
-
-    /// [`Model::call`], on the calling thread.
-    fn call_here(&self, feed: Feed<'_>, run: &mut Run<'_>) -> Result<(Tensor<3>, Tensor<2>)> {
-        let layout = self.network.layout();
-        let observer: Option<&mut dyn Observer> = match &mut run.observer {
-            Some(observer) => Some(&mut **observer),
-            None => None,
-        };
-        let mut hooks = Hooks::for_call(
-            layout,
-            run.interventions,
-            feed.step,
-            &mut run.saved,
-            observer,
-        );
-        if run.stop_early {
-            hooks.stop_after_last_request();
-        }
-        let batch = feed.ids.len();
-        let tokens = feed.ids.first().map_or(0, Vec::len);
-        let flat: Vec<i64> = feed.ids.iter().flatten().map(|id| i64::from(*id)).collect();
-        let input_ids: Tensor<2, Int> =
-            Tensor::from_data(TensorData::new(flat, [batch, tokens]), &self.device);
-        let written = hooks.writes(Site::InputIds);
-        let input_ids = hooks.visit(Site::InputIds, input_ids)?;
-        if written {
-            check_ids(&input_ids, layout.vocab)?;
-        }
-        let mut call = Call::new(input_ids, feed.key_mask, &mut run.cache, hooks);
-        let logits = self.network.forward(&mut call)?;
-        let logits = call.visit(Site::Logits, logits)?;
-        let [_, _, vocab] = logits.dims();
-        let last: Tensor<2> = logits
-            .clone()
-            .slice_dim(1, tokens - 1..tokens)
-            .reshape([batch, vocab]);
-        let next_token_probs = call.visit(Site::NextTokenProbs, crate::nn::softmax_last(last))?;
-        Ok((logits, next_token_probs))
-    }
-}
-
-/// Refuses a trace's last-position logits holding NaN or `+inf`, or with no finite value in a
-/// row: what broken weights, a negative norm epsilon or a corrupting write produce, which would
-/// otherwise print meaningless tokens. `-inf` (a banned token) is allowed. (A generation step
-/// needs no second pass: picking its token refuses a NaN in `next_token_probs`.)
-fn check_finite_logits(last: &Tensor<2>) -> Result<()> {
-    let [_, vocab] = last.dims();
-    let values = last
-        .to_data()
-        .convert::<f32>()
-        .try_into_vec::<f32>()
-        .map_err(|e| Error::Backend(format!("{e:?}")))?;
-    for (row, logits) in values.chunks(vocab.max(1)).enumerate() {
-        let bad = logits
-            .iter()
-            .position(|v| v.is_nan() || *v == f32::INFINITY)
-            .map(|id| format!("{} at token id {id}", logits[id]))
-            .or_else(|| {
-                (!logits.iter().any(|v| v.is_finite())).then(|| "no finite value".to_string())
-            });
-        if let Some(bad) = bad {
-            return Err(Error::NonFinite(format!(
-                "row {row}: the logits at the last position hold {bad}; check the \
-                 weights, the norm epsilons in config.json, and any write made at this step"
-            )));
-        }
-    }
-    Ok(())
-}
-
-/// Refuses token ids written to `input_ids` that fall outside the vocabulary, before they index
-/// an embedding table (the batch's own ids were checked before the run).
-fn check_ids(ids: &Tensor<2, Int>, vocab: usize) -> Result<()> {
-    let [batch, tokens] = ids.dims();
-    if batch * tokens == 0 {
-        return Ok(());
-    }
-    let (min, max): (i64, i64) = (
-        ids.clone().min().into_scalar(),
-        ids.clone().max().into_scalar(),
-    );
-    if min < 0 || max >= vocab as i64 {
-        let bad = if min < 0 { min } else { max };
-        return Err(Error::InvalidInput(format!(
-            "input_ids holds token id {bad}, outside the vocabulary (size {vocab})"
-        )));
-    }
-    Ok(())
 }

@@ -77,7 +77,12 @@ pub fn to_py(error: hookscope::Error) -> PyErr {
         | E::Plugin { .. }
         | E::InsufficientMemory { .. }
         | E::LoadOption { .. } => LoadError::new_err(message),
-        E::Tokenize(_) | E::InvalidInput(_) | E::NonFinite(_) => InputError::new_err(message),
+        E::Tokenize(_)
+        | E::InvalidInput(_)
+        | E::NonFinite(_)
+        | E::SamplingOptionUnderGreedy { .. }
+        | E::RunOption { .. }
+        | E::NotComputed { .. } => InputError::new_err(message),
         _ => Error::new_err(message),
     }
 }

@@ -5,8 +5,8 @@ use hookscope::hooks::RequestSpecs;
 use hookscope::precision::parse_dtype_choice;
 use hookscope::schema::CallDims;
 use hookscope::{
-    Batch, Decoding, DeviceChoice, Generation, Interventions, LoadOptions, MatmulPrecision, Model,
-    ModelSource, Steps, WeightDtype,
+    Batch, DeviceChoice, Generation, Interventions, LoadOptions, MatmulPrecision, Model,
+    ModelSource, Run, Steps, WeightDtype,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -280,11 +280,12 @@ impl PyModel {
 
     /// Generates up to `max_new_tokens` tokens per prompt (greedy unless `greedy=False` or the
     /// checkpoint samples; `temperature`, `top_k`, `top_p` and `seed` as `transformers`). Reads
-    /// and writes as in `trace`, with `@STEPS` (default: every step). Ctrl-C stops it between
-    /// steps with `KeyboardInterrupt`.
+    /// and writes as in `trace`, with `@STEPS` (default: every step). `on_step(step)`, if given,
+    /// is called before each step runs (a progress bar; an exception it raises stops the
+    /// generation with it). Ctrl-C stops it between steps with `KeyboardInterrupt`.
     #[pyo3(signature = (
         prompts, max_new_tokens, *, greedy = None, temperature = None, top_k = None,
-        top_p = None, seed = 0, save = None, zero = None, add = None, set = None
+        top_p = None, seed = 0, save = None, zero = None, add = None, set = None, on_step = None
     ))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments
     fn generate<'py>(
@@ -301,6 +302,7 @@ impl PyModel {
         zero: Option<Vec<String>>,
         add: Option<Bound<'py, PyDict>>,
         set: Option<Bound<'py, PyDict>>,
+        on_step: Option<Py<PyAny>>,
     ) -> PyResult<PyRun> {
         let requests = Requests {
             save,
@@ -319,26 +321,32 @@ impl PyModel {
         let config = self
             .model
             .generation_config()
-            .with_choice(max_new_tokens, &choice);
-        if matches!(config.decoding, Decoding::Greedy) && choice.sets_sampling_parameters() {
-            return Err(InputError::new_err(
-                "temperature, top_k and top_p apply only when sampling: pass greedy=False",
-            ));
-        }
-        let mut interrupt = None;
+            .with_choice(max_new_tokens, &choice)
+            .py()?;
+        // Before each step: `on_step`, then the signals (Ctrl-C); the first error stops the run.
+        let mut stopped = None;
         let generation: hookscope::Result<Generation> = py.detach(|| {
-            self.model
-                .generate_interruptible(&batch, &interventions, &config, &mut |_| {
-                    Python::attach(|py| match py.check_signals() {
-                        Ok(()) => true,
+            let mut interrupted = |step: usize| {
+                Python::attach(|py| {
+                    let checked = match &on_step {
+                        Some(callback) => callback.call1(py, (step,)).map(drop),
+                        None => Ok(()),
+                    };
+                    match checked.and_then(|()| py.check_signals()) {
+                        Ok(()) => false,
                         Err(error) => {
-                            interrupt = Some(error);
-                            false
+                            stopped = Some(error);
+                            true
                         }
-                    })
+                    }
                 })
+            };
+            let run = Run::new()
+                .interventions(&interventions)
+                .interrupt_when(&mut interrupted);
+            self.model.generate(&batch, run, &config)
         });
-        if let Some(error) = interrupt {
+        if let Some(error) = stopped {
             return Err(error);
         }
         let generation = generation.py()?;

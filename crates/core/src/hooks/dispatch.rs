@@ -7,7 +7,7 @@ use burn::tensor::TensorData;
 use super::index::{Index, Region};
 use super::request::{Action, Interventions, Write};
 use super::value::{SiteTensor, SiteValue};
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, StopSignal};
 use crate::schema::{ModelLayout, Site};
 
 /// Told of every site a call serves, in the order it is served: for tools that watch the forward
@@ -69,6 +69,15 @@ impl Saved {
     /// The whole value of `site` at `step`, if it was saved.
     pub fn get(&self, site: Site, step: usize) -> Option<&SiteValue> {
         self.get_indexed(site, &Index::full(), step)
+    }
+
+    /// The whole value of `site` at `step`, which the run was asked to save: an error naming
+    /// them if it was not served.
+    pub fn require(&self, site: Site, step: usize) -> Result<&SiteValue> {
+        self.get(site, step).ok_or_else(|| Error::NotServed {
+            site: site.to_string(),
+            step,
+        })
     }
 
     /// The part `index` of `site` at `step`, if it was saved (keeping integer-indexed axes with
@@ -142,7 +151,7 @@ pub(crate) struct Hooks<'a> {
     /// Values of this call's edit sources, by slot.
     captured: HashMap<usize, SiteValue>,
     observer: Option<&'a mut dyn Observer>,
-    /// The slot after whose visit the call ends ([`Error::StoppedEarly`]).
+    /// The slot after whose visit the call ends ([`StopSignal`]).
     stop_after: Option<usize>,
 }
 
@@ -183,7 +192,7 @@ impl<'a> Hooks<'a> {
         }
     }
 
-    /// Makes the call end, with [`Error::StoppedEarly`], right after the last site (in call
+    /// Makes the call end, with the engine's [`StopSignal`], right after the last site (in call
     /// order) that a request of this call reads or writes.
     pub fn stop_after_last_request(&mut self) {
         self.stop_after = self
@@ -244,7 +253,7 @@ impl<'a> Hooks<'a> {
             self.captured.insert(slot, value.clone().into_value());
         }
         if self.stop_after == Some(slot) {
-            return Err(Error::StoppedEarly);
+            return Err(StopSignal::raise());
         }
         Ok(value)
     }

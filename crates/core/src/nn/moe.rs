@@ -6,7 +6,7 @@
 use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorData, activation};
 
 use super::{Activation, GatedMlp, GatedMlpSpec, Linear};
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::weights::WeightScope;
 
 /// The sizes and routing of a mixture-of-experts block.
@@ -121,8 +121,7 @@ impl SparseMoe {
         let probabilities = activation::softmax(self.router.forward(flat.clone()), 1)
             .into_data()
             .convert::<f32>()
-            .try_into_vec::<f32>()
-            .map_err(|e| Error::Backend(format!("{e:?}")))?;
+            .try_into_vec::<f32>()?;
         let mut output = flat.zeros_like();
         for (expert, (rows, weights)) in self.routes(&probabilities).into_iter().enumerate() {
             if rows.is_empty() {

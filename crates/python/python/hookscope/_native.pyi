@@ -1,6 +1,6 @@
 """Type stubs for hookscope's native module."""
 
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 import numpy.typing as npt
@@ -100,7 +100,9 @@ class Model:
         zero: Sequence[str] | None = None,
         add: Mapping[str, ArrayLike] | None = None,
         set: Mapping[str, ArrayLike] | None = None,
+        on_step: Callable[[int], object] | None = None,
     ) -> Run:
         """Generate up to `max_new_tokens` tokens per prompt, with reads and writes at the steps
-        they name (`@K`, `@A:B`, `@all`; default every step). Ctrl-C raises KeyboardInterrupt
-        between steps."""
+        they name (`@K`, `@A:B`, `@all`; default every step). `on_step(step)` is called before
+        each step runs; an exception it raises stops the generation. Ctrl-C raises
+        KeyboardInterrupt between steps."""

@@ -6,7 +6,7 @@ use hookscope_core::burn::tensor::Tensor;
 use hookscope_core::hooks::{Action, Interventions, SiteValue, Steps};
 use hookscope_core::nn::softmax_last;
 use hookscope_core::schema::{LayerSite, Site};
-use hookscope_core::{Batch, Model};
+use hookscope_core::{Batch, Model, Run};
 use hookscope_core::{Error, Result};
 
 /// Every layer's output of one prompt call, ready to be read through the head. Probabilities
@@ -32,7 +32,10 @@ pub fn logit_lens<'m>(
     for layer in 0..layers {
         requests.push(site(layer), Steps::At(0), Action::Save);
     }
-    let saved = model.read(batch, &requests)?;
+    let run = Run::new()
+        .interventions(&requests)
+        .stop_after_last_request();
+    let saved = model.trace(batch, run)?.saved;
     let layer_outputs = (0..layers)
         .map(|layer| {
             saved
@@ -41,7 +44,10 @@ pub fn logit_lens<'m>(
                     SiteValue::Float3(t) => Some(t.clone()),
                     _ => None,
                 })
-                .ok_or_else(|| Error::Backend(format!("`{}` was not served", site(layer))))
+                .ok_or_else(|| Error::NotServed {
+                    site: site(layer).to_string(),
+                    step: 0,
+                })
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(LogitLens {

@@ -6,6 +6,7 @@ use hookscope_core::burn::tensor::Tensor;
 
 use hookscope_core::Model;
 use hookscope_core::hooks::{Interventions, Saved, SiteValue, Steps};
+use hookscope_core::host::f32_values;
 use hookscope_core::schema::{Dim, Site};
 use hookscope_core::{Error, Result};
 
@@ -105,7 +106,7 @@ pub fn activation_patching(
     }
     let run = |prompt: &[u32]| -> Result<(f32, Saved)> {
         let trace = model.trace(&model.batch(vec![prompt.to_vec()])?, &saves)?;
-        let last = last_logits(&trace.logits)?;
+        let last = last_logits(trace.logits()?)?;
         Ok((metric.measure(&last[0]), trace.saved))
     };
     let (clean_metric, clean_saved) = run(clean)?;
@@ -121,13 +122,8 @@ pub fn activation_patching(
     let mut scores = Vec::with_capacity(sites.len());
     for (site, axis) in sites.iter().zip(axes) {
         let value = |saved: &Saved| -> Result<(Vec<f32>, Vec<usize>)> {
-            let value = saved
-                .get(*site, 0)
-                .ok_or_else(|| Error::Backend(format!("`{site}` was not served")))?;
-            let values = value
-                .to_data()
-                .try_into_vec::<f32>()
-                .map_err(|e| Error::Backend(format!("{e:?}")))?;
+            let value = saved.require(*site, 0)?;
+            let values = f32_values(value.to_data())?;
             Ok((values, value.shape()))
         };
         let (clean_values, shape) = value(&clean_saved)?;
@@ -144,7 +140,7 @@ pub fn activation_patching(
             })?;
         let interventions = Interventions::new().set(*site, Steps::At(0), patched);
         let trace = model.trace(&batch, &interventions)?;
-        let row_scores = last_logits(&trace.logits)?
+        let row_scores = last_logits(trace.logits()?)?
             .iter()
             .map(|row| (metric.measure(row) - corrupt_metric) / span)
             .collect();
@@ -195,13 +191,13 @@ fn patched_rows(clean: &[f32], corrupt: &[f32], shape: &[usize], axis: usize) ->
 /// Each row's last-position logits, on the host.
 fn last_logits(logits: &Tensor<3>) -> Result<Vec<Vec<f32>>> {
     let [batch, tokens, vocab] = logits.dims();
-    let last = logits
-        .clone()
-        .slice_dim(1, tokens - 1..tokens)
-        .reshape([batch, vocab])
-        .into_data()
-        .try_into_vec::<f32>()
-        .map_err(|e| Error::Backend(format!("{e:?}")))?;
+    let last = f32_values(
+        logits
+            .clone()
+            .slice_dim(1, tokens - 1..tokens)
+            .reshape([batch, vocab])
+            .into_data(),
+    )?;
     Ok(last.chunks(vocab).map(<[f32]>::to_vec).collect())
 }
 

@@ -21,10 +21,10 @@ pub use rows::{RowKind, SiteRows};
 use files::{FileBuffer, FileNames, read_index, read_json, write_json};
 use serde::{Deserialize, Serialize};
 
-use hookscope_core::Model;
 use hookscope_core::hooks::{Interventions, Steps};
 use hookscope_core::schema::Site;
 use hookscope_core::{Error, Result};
+use hookscope_core::{Model, Run};
 
 /// Batches per window: a window of prompts is sorted by length before it is cut into batches.
 const WINDOW_BATCHES: usize = 16;
@@ -339,17 +339,15 @@ fn run_batch(
         acc.save(site.site, Steps::At(0))
     });
     let ids: Vec<Vec<u32>> = batch.iter().map(|p| p.ids.clone()).collect();
-    let saved = model.read(&model.batch(ids)?, &interventions)?;
+    let run = Run::new()
+        .interventions(&interventions)
+        .stop_after_last_request();
+    let saved = model.trace(&model.batch(ids)?, run)?.saved;
     let lengths: Vec<usize> = batch.iter().map(|p| p.ids.len()).collect();
     for (index, site) in rows.iter().enumerate() {
-        let value = saved
-            .get(site.site, 0)
-            .ok_or_else(|| Error::Backend(format!("`{}` was not served by the call", site.site)))?;
-        let data = value.to_data().convert::<f32>();
+        let data = saved.require(site.site, 0)?.to_data();
         let shape = data.shape().to_vec();
-        let values = data
-            .try_into_vec::<f32>()
-            .map_err(|e| Error::Backend(format!("{e:?}")))?;
+        let values = hookscope_core::host::f32_values(data)?;
         let (layout, out) = buffer.site_buffer(index);
         layout.append(&values, &shape, &lengths, out);
     }

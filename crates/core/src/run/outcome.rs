@@ -1,0 +1,69 @@
+//! What a run returns: a [`Trace`] of one forward call, a [`Generation`] of many.
+
+use burn::tensor::Tensor;
+
+use crate::error::{Error, Result};
+use crate::hooks::Saved;
+use crate::input::Batch;
+
+/// The result of [`crate::Model::trace`]: one forward call (step 0).
+#[derive(Debug, Clone)]
+pub struct Trace {
+    /// Saved site values (step 0).
+    pub saved: Saved,
+    /// The batch that was run.
+    pub batch: Batch,
+    /// The call's `[B, T, V]` logits and `[B, V]` next-token distribution; `None` when the run
+    /// stopped after its last requested site.
+    pub(super) outputs: Option<(Tensor<3>, Tensor<2>)>,
+}
+
+impl Trace {
+    /// `[B, T, V]` logits (after any write to `logits`); an error if the run stopped after its
+    /// last requested site ([`crate::Run::stop_after_last_request`]) and never computed them.
+    pub fn logits(&self) -> Result<&Tensor<3>> {
+        self.outputs
+            .as_ref()
+            .map(|(logits, _)| logits)
+            .ok_or(Error::NotComputed { value: "logits" })
+    }
+
+    /// `[B, V]` softmax of the last position's logits; an error if the run stopped early, as
+    /// for [`Trace::logits`].
+    pub fn next_token_probs(&self) -> Result<&Tensor<2>> {
+        self.outputs
+            .as_ref()
+            .map(|(_, probs)| probs)
+            .ok_or(Error::NotComputed {
+                value: "next_token_probs",
+            })
+    }
+}
+
+/// The result of [`crate::Model::generate`].
+#[derive(Debug, Clone)]
+pub struct Generation {
+    /// Saved site values, by site and step.
+    pub saved: Saved,
+    /// `[B][prompt_len + new tokens]`: the (left-padded) prompts and the tokens generated.
+    pub output_ids: Vec<Vec<u32>>,
+    /// `[B][prompt_len + new tokens]`: false at left padding.
+    pub attention_mask: Vec<Vec<bool>>,
+    /// The padded prompt length.
+    pub prompt_len: usize,
+    /// Calls made (= tokens appended): fewer than `max_new_tokens` when every row hit EOS.
+    pub steps: usize,
+    /// `[B][step]`: the [`TOP_TOKENS_RECORDED`] most likely next tokens of each step's
+    /// `next_token_probs` as `(id, probability)`, most likely first.
+    pub top_next_tokens: Vec<Vec<Vec<(u32, f32)>>>,
+}
+
+/// How many of the most likely next tokens a generation records per step and row.
+pub const TOP_TOKENS_RECORDED: usize = 5;
+
+impl Generation {
+    /// The tokens generated for row `row`.
+    pub fn new_tokens(&self, row: usize) -> &[u32] {
+        &self.output_ids[row][self.prompt_len..]
+    }
+}
