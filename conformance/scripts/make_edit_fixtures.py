@@ -4,7 +4,7 @@
 
 For each fixture named below, loads its checkpoint with `transformers`, writes the operands
 (a steering vector, a patch) and the expected results to `edits.safetensors`, and the cases in
-hookscope's own argument syntax to `edits.json`. The Rust test `conformance/tests/edits.rs`
+hookscope's own argument syntax to `edits.json`. The Rust test `conformance/tests/checks/edits.rs`
 runs each case through the same parser the CLI uses and compares, so CI needs no Python.
 
     python conformance/scripts/make_edit_fixtures.py

@@ -20,7 +20,7 @@ Training is built to make the model show what interpretability tools look for:
 3. A few steps over the whole vocabulary, so that ids the text never uses get low logits too.
 
 Then it writes `conformance/tests/demo_model.json`: what `transformers` computes on the stored
-weights, which `conformance/tests/demo_model.rs` compares hookscope with. Seeded; about 24
+weights, which `conformance/tests/checks/demo_model.rs` compares hookscope with. Seeded; about 24
 minutes on 2 cores.
 
     python conformance/scripts/train_demo_model.py --out crates/hookscope/embedded/demo
@@ -329,7 +329,7 @@ def layer_log_probs(model, ids):
 
 
 def write_references(out, repeat_ids, path):
-    """What `conformance/tests/demo_model.rs` checks hookscope against: `transformers` in
+    """What `conformance/tests/checks/demo_model.rs` checks hookscope against: `transformers` in
     float32 on the stored float16 weights."""
     model = LlamaForCausalLM.from_pretrained(out, dtype=torch.float32, attn_implementation="eager")
     tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))

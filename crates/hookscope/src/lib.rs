@@ -39,7 +39,7 @@ hookscope_core::inventory::submit! {
 /// (4 layers, 64 wide, 4 query and 2 key/value heads, tied embeddings, float16, 6.9 MB) with the
 /// real GPT-2 tokenizer, trained on the King James Bible by
 /// `conformance/scripts/train_demo_model.py`. It continues text readably, has an induction head
-/// and a logit lens that sharpens with depth (`conformance/tests/demo_model.rs` checks all three
+/// and a logit lens that sharpens with depth (`conformance/tests/checks/demo_model.rs` checks all three
 /// against `transformers`).
 pub static DEFAULT_MODEL: EmbeddedModel = EmbeddedModel {
     name: "demo",

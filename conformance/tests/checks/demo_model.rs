@@ -4,9 +4,7 @@
 //! repeated random tokens, and a logit lens that sharpens with depth; and the README's patching
 //! example localises as it says.
 
-mod common;
-
-use common::floats;
+use crate::common::floats;
 use hookscope::hooks::RequestSpecs;
 use hookscope::{Interventions, Model, Steps};
 use hookscope_conformance::test_device;

@@ -1,9 +1,7 @@
 //! Indexed requests (`SITE[INDEX]`) and writes of stored tensors, through the text parser the
 //! CLI and the Python package share: what is saved, what a write changes, and the errors.
 
-mod common;
-
-use common::{floats, load_fixture, max_diff};
+use crate::common::{floats, load_fixture, max_diff};
 use hookscope::hooks::{Index, RequestSpecs};
 use hookscope::{Error, LayerSite, Model, Site, Steps};
 

@@ -2,9 +2,7 @@
 //! size), a multimodal checkpoint's language model loads with a note, and state writes reach
 //! what they should.
 
-mod common;
-
-use common::{load_fixture, max_diff, values};
+use crate::common::{load_fixture, max_diff, values};
 use hookscope::{Decoding, Interventions, LayerSite, MixerKind, MixerSite, Model, Site, Steps};
 
 fn linear(layer: usize, site: MixerSite) -> Site {
@@ -141,10 +139,10 @@ fn deltanet_state_writes_reach_the_next_step_and_a_decode_steps_output() {
 /// per expert. The same weights in the fused form give the same numbers.
 #[test]
 fn fused_expert_tensors_load_like_per_expert_ones() {
-    let dir = common::copy_fixture("qwen3.5-moe");
+    let dir = crate::common::copy_fixture("qwen3.5-moe");
     let path = dir.path().join("model.safetensors");
-    let mut tensors = common::read_tensors(&path);
-    let experts = |tensors: &common::RawTensors, layer: &str| {
+    let mut tensors = crate::common::read_tensors(&path);
+    let experts = |tensors: &crate::common::RawTensors, layer: &str| {
         let prefix = format!("{layer}.mlp.experts.");
         let mut ids: Vec<usize> = tensors
             .keys()
@@ -188,8 +186,8 @@ fn fused_expert_tensors_load_like_per_expert_ones() {
             (dtype, vec![ids.len(), hidden, inner], down),
         );
     }
-    common::write_tensors(&path, &tensors);
-    let model = common::load(dir.path()).unwrap();
+    crate::common::write_tensors(&path, &tensors);
+    let model = crate::common::load(dir.path()).unwrap();
     assert!(
         model.load_report().unused.is_empty(),
         "{:?}",

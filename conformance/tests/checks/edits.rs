@@ -4,11 +4,9 @@
 //! the lens probabilities, on GPT-2, Llama, Mamba and a Gated DeltaNet hybrid. Each case is
 //! given in the CLI's own syntax and parsed by the library parser the CLI uses.
 
-mod common;
-
 use std::path::Path;
 
-use common::{floats, load, max_diff, read_tensors};
+use crate::common::{floats, load, max_diff, read_tensors};
 use hookscope::hooks::RequestSpecs;
 use hookscope::{Model, Site, Steps};
 use hookscope_conformance::{Fixture, fixtures};

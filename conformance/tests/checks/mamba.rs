@@ -1,9 +1,7 @@
 //! Recurrent state under hooks (Mamba-1 and Mamba-2): carried exactly, and writes reaching what
 //! they should.
 
-mod common;
-
-use common::{load_fixture, max_diff, values};
+use crate::common::{load_fixture, max_diff, values};
 use hookscope::{
     Decoding, Error, GenerationConfig, Interventions, LayerSite, MixerSite, Model, Site, Steps,
 };

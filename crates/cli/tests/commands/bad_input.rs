@@ -167,7 +167,7 @@ fn config_sizes_that_disagree_with_the_checkpoint_stop_the_load() {
 fn degenerate_config_values_are_named() {
     let model = Corrupted::of("mamba-tied").config("conv_kernel", json!(0));
     run_fails(&model, &[], &["convolution kernel size is 0"]);
-    // Found by the fuzzer (conformance/tests/fuzz.rs): an inverted interval panicked in clamp.
+    // Found by the fuzzer (conformance/tests/checks/fuzz.rs): an inverted interval panicked in clamp.
     let model = Corrupted::of("mamba2-groups1-tied")
         .config("time_step_limit", json!([{"__float__": "Infinity"}, 0]));
     run_fails(

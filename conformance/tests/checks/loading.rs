@@ -1,8 +1,6 @@
 //! Loading checkpoints: the layouts transformers writes, and clear errors for broken ones.
 
-mod common;
-
-use common::{copy_fixture, load, load_fixture, read_tensors, write_tensors};
+use crate::common::{copy_fixture, load, load_fixture, read_tensors, write_tensors};
 use hookscope::{Error, Interventions, ModelSource};
 
 fn error_of(result: hookscope::Result<hookscope::Model>) -> Error {
@@ -134,7 +132,10 @@ fn sharded_checkpoint_equals_single_file() {
     let single = dir.path().join("model.safetensors");
     let tensors = read_tensors(&single);
     std::fs::remove_file(&single).unwrap();
-    let mut shards = [common::RawTensors::new(), common::RawTensors::new()];
+    let mut shards = [
+        crate::common::RawTensors::new(),
+        crate::common::RawTensors::new(),
+    ];
     let mut weight_map = serde_json::Map::new();
     for (i, (name, tensor)) in tensors.into_iter().enumerate() {
         let file = format!("model-0000{}-of-00002.safetensors", i % 2 + 1);

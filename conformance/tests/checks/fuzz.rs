@@ -4,9 +4,7 @@
 //! panic (an abort would end the test binary). CI runs few cases; for a long run set
 //! `PROPTEST_CASES` (the README's testing section records the runs).
 
-mod common;
-
-use common::{copy_fixture, load};
+use crate::common::{copy_fixture, load};
 use hookscope::Steps;
 use hookscope::hooks::Selection;
 use hookscope::tokenizer::Tokenizer;
@@ -139,7 +137,7 @@ proptest! {
 
     #[test]
     fn site_step_and_pattern_syntax_never_panics(spec in "[a-z_.*?@:0-9 \\-\\[\\]]{0,40}") {
-        let model = common::load_fixture("bamba-hybrid");
+        let model = crate::common::load_fixture("bamba-hybrid");
         let _ = Selection::parse(model.layout(), &spec, Steps::All);
         let _ = Steps::parse(&spec);
         let _ = model.layout().resolve(&spec);

@@ -1,9 +1,7 @@
 //! Mamba-2 and Bamba beyond parity: the configs of released checkpoints load (random weights,
 //! reduced depth), and a hybrid declares and serves each layer's own mixer.
 
-mod common;
-
-use common::load_fixture;
+use crate::common::load_fixture;
 use hookscope::{Error, Interventions, LayerSite, MixerKind, MixerSite, Model, Site, Steps};
 
 /// `config.json` of `mamba2-130m` converted to transformers' format, as older transformers

@@ -1,12 +1,10 @@
 //! Dataset extraction: rows equal the same prompt traced alone on every architecture, shards
 //! cover every token exactly once, and a resumed job writes the files of an uninterrupted one.
 
-mod common;
-
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use common::{load_fixture, max_diff, values};
+use crate::common::{load_fixture, max_diff, values};
 use hookscope::extract::{
     ExtractJob, Manifest, POSITION, PROMPT_INDEX, PROMPTS_PROMPT_INDEX, RowKind, Shard, SiteRows,
     TOKEN_ID, extract, merge_manifests,

@@ -1,8 +1,6 @@
 //! The hook engine on a real model: reads, writes that flow on, order, errors, batching.
 
-mod common;
-
-use common::{floats, load_fixture, max_diff, values};
+use crate::common::{floats, load_fixture, max_diff, values};
 use hookscope::burn::tensor::{Int, Tensor};
 use hookscope::{Error, Interventions, LayerSite, MixerSite, Run, Site, SiteValue, Steps};
 use hookscope_conformance::order::{Recorder, check_call_order};

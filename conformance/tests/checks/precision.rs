@@ -6,11 +6,9 @@
 //! stay within a stated tolerance of the exact ones, and no further from them than
 //! transformers' own bf16 run on the same weights (`reference-bf16.safetensors`).
 
-mod common;
-
 use std::path::Path;
 
-use common::{RawTensors, max_diff, read_tensors, values, write_tensors};
+use crate::common::{RawTensors, max_diff, read_tensors, values, write_tensors};
 use hookscope::{
     Decoding, Interventions, LoadOptions, MatmulPrecision, Model, ModelSource, Run, Site, Steps,
     WeightDtype,

@@ -1,8 +1,6 @@
 //! Generation with per-step hooks: the seed's examples and the binding rules of SCHEMA.md.
 
-mod common;
-
-use common::{load_fixture, max_diff, values};
+use crate::common::{load_fixture, max_diff, values};
 use hookscope::decoding::argmax;
 use hookscope::schema::CallDims;
 use hookscope::{

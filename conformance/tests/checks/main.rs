@@ -1,0 +1,18 @@
+//! The conformance crate's integration tests but the suite, in one binary (one link of the
+//! burn stack instead of one per file). The suite stays a binary of its own: CI runs it again on
+//! the other backends.
+
+mod common;
+mod deltanet;
+mod demo_model;
+mod edits;
+mod engine;
+mod extract;
+mod fuzz;
+mod generation;
+mod indexing;
+mod loading;
+mod mamba;
+mod mamba2;
+mod parity;
+mod precision;
