@@ -66,14 +66,13 @@ fn burn_identity() -> String {
         if lock.is_none() && dir.join("Cargo.lock").is_file() {
             lock = Some(dir.join("Cargo.lock"));
         }
-        if spec.contains("workspace") {
-            if let Some(line) = std::fs::read_to_string(&workspace)
+        if spec.contains("workspace")
+            && let Some(line) = std::fs::read_to_string(&workspace)
                 .ok()
                 .and_then(|text| dependency_line(&text, "burn"))
-            {
-                println!("cargo:rerun-if-changed={}", workspace.display());
-                spec = line;
-            }
+        {
+            println!("cargo:rerun-if-changed={}", workspace.display());
+            spec = line;
         }
     }
     let locked = lock
