@@ -248,11 +248,11 @@ impl Subject {
                     .get(site, step)
                     .map(SiteValue::shape)
                     .ok_or_else(|| format!("{site}@{step} was not served"))?;
-                let expected = layout.shape(site, dims);
+                let expected = layout.shape(site, dims).map_err(error)?;
                 if got != expected {
+                    let symbolic = layout.symbolic_shape(site).map_err(error)?;
                     return Err(format!(
-                        "{site}@{step}: shape {got:?}, the table says {} = {expected:?}",
-                        layout.symbolic_shape(site)
+                        "{site}@{step}: shape {got:?}, the table says {symbolic} = {expected:?}"
                     ));
                 }
             }

@@ -193,7 +193,7 @@ fn check_saved_size(
 ) -> Result<()> {
     let steps = args.generation.max_new_tokens.unwrap_or(1);
     let sizes = (batch.batch_size(), batch.len());
-    let Some(bytes) = interventions.saved_bytes(model.layout(), sizes, steps) else {
+    let Some(bytes) = interventions.saved_bytes(model.layout(), sizes, steps)? else {
         return Err(Error::InvalidInput(
             "the saved values of this run would not fit in any memory (their size overflows)"
                 .into(),

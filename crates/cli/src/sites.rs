@@ -51,9 +51,9 @@ pub fn sites(args: &SitesArgs) -> hookscope::Result<()> {
         println!(
             "{:<46} {:<16} {:<22} {:?}",
             site.to_string(),
-            layout.symbolic_shape(site).to_string(),
-            format!("{:?}", layout.shape(site, prompt)),
-            layout.shape(site, decode)
+            layout.symbolic_shape(site)?.to_string(),
+            format!("{:?}", layout.shape(site, prompt)?),
+            layout.shape(site, decode)?
         );
     }
     Ok(())

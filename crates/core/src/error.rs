@@ -40,6 +40,17 @@ pub enum Error {
         /// The sites the layer does have.
         available: String,
     },
+    /// A site whose tabled shape names an axis the block serving it does not size: the schema's
+    /// tables and a mixer's dimensions disagree.
+    #[error("`{site}`: its shape has the axis `{dim}`, which {owner} does not size")]
+    UnsizedAxis {
+        /// The site.
+        site: String,
+        /// The symbolic axis (`NH`, `E`, ...).
+        dim: String,
+        /// What serves the site (`a softmax attention block`, `the model outside its blocks`).
+        owner: String,
+    },
     /// A glob pattern that matched no site.
     #[error("pattern `{0}` matches no site of this model (try `hookscope sites`)")]
     PatternMatchesNothing(String),

@@ -238,9 +238,9 @@ impl PyModel {
         for site in layout.call_order() {
             let row = PyDict::new(py);
             row.set_item("name", site.to_string())?;
-            row.set_item("shape", layout.symbolic_shape(site).to_string())?;
-            row.set_item("step0", layout.shape(site, prompt))?;
-            row.set_item("decode", layout.shape(site, decode))?;
+            row.set_item("shape", layout.symbolic_shape(site).py()?.to_string())?;
+            row.set_item("step0", layout.shape(site, prompt).py()?)?;
+            row.set_item("decode", layout.shape(site, decode).py()?)?;
             rows.append(row)?;
         }
         Ok(rows)

@@ -137,7 +137,7 @@ impl Selection {
         let sites = layout.expand(pattern)?;
         if !index.is_full() {
             for site in &sites {
-                let rank = layout.rank(*site);
+                let rank = layout.rank(*site)?;
                 index
                     .align_operand(&[], rank)
                     .map_err(|message| invalid(format!("`{site}` has {rank} axes: {message}")))?;
@@ -293,56 +293,26 @@ impl Interventions {
 
     /// Bytes the values saved by a run of `steps` calls on `batch` prompts of `prompt_len`
     /// tokens will take at most (every value counted as 4-byte elements, 8 for `input_ids`),
-    /// from the schema's shape table; `None` if the count overflows. A generation that stops
-    /// early at EOS saves less.
+    /// from the schema's shape table; `Ok(None)` if the count overflows. A generation that stops
+    /// early at EOS saves less. A saved site this model does not serve is an error naming it.
     pub fn saved_bytes(
         &self,
         layout: &ModelLayout,
-        (batch, prompt_len): (usize, usize),
+        sizes: (usize, usize),
         steps: usize,
-    ) -> Option<usize> {
-        let mut total: u128 = 0;
+    ) -> Result<Option<usize>> {
+        let mut total = Some(0u128);
         for request in self
             .requests
             .iter()
             .filter(|r| matches!(r.action, Action::Save))
         {
-            let end = match &request.steps {
-                Steps::At(step) => step.checked_add(1)?,
-                Steps::Range(range) => range.end,
-                Steps::All => steps,
-            }
-            .min(steps);
-            let start = request.steps.first();
-            if start >= end {
-                continue;
-            }
-            let element: u128 = if request.site == Site::InputIds { 8 } else { 4 };
-            let bytes_at = |step: usize| -> Option<u128> {
-                let positions = prompt_len.checked_add(step)?;
-                let dims = CallDims {
-                    batch,
-                    tokens: if step == 0 { prompt_len } else { 1 },
-                    positions,
-                };
-                let shape = layout.shape(request.site, dims);
-                shape
-                    .iter()
-                    .try_fold(element, |n, &d| n.checked_mul(d as u128))
-            };
-            if start == 0 {
-                total = total.checked_add(bytes_at(0)?)?;
-            }
-            // Decode steps differ only in the cache length, so their sizes grow linearly with
-            // the step: the sum over the range is its count times the mean of its ends.
-            let (first, last) = (start.max(1), end - 1);
-            if first <= last {
-                let count = (last - first + 1) as u128;
-                let ends = bytes_at(first)?.checked_add(bytes_at(last)?)?;
-                total = total.checked_add(count.checked_mul(ends)? / 2)?;
-            }
+            let bytes = saved_bytes_of(layout, request, sizes, steps)?;
+            total = total
+                .zip(bytes)
+                .and_then(|(total, bytes)| total.checked_add(bytes));
         }
-        usize::try_from(total).ok()
+        Ok(total.and_then(|total| usize::try_from(total).ok()))
     }
 
     /// Whether nothing is requested.
@@ -390,6 +360,59 @@ impl Interventions {
             })
             .flatten()
     }
+}
+
+/// Bytes one save request keeps over a run of `steps` calls on `batch` prompts of `prompt_len`
+/// tokens (as [`Interventions::saved_bytes`] counts them); `Ok(None)` if the count overflows.
+fn saved_bytes_of(
+    layout: &ModelLayout,
+    request: &Request,
+    (batch, prompt_len): (usize, usize),
+    steps: usize,
+) -> Result<Option<u128>> {
+    let end = match &request.steps {
+        Steps::At(step) => step.checked_add(1),
+        Steps::Range(range) => Some(range.end),
+        Steps::All => Some(steps),
+    };
+    let Some(end) = end.map(|end| end.min(steps)) else {
+        return Ok(None);
+    };
+    let start = request.steps.first();
+    if start >= end {
+        return Ok(Some(0));
+    }
+    let element: u128 = if request.site == Site::InputIds { 8 } else { 4 };
+    let bytes_at = |step: usize| -> Result<Option<u128>> {
+        let Some(positions) = prompt_len.checked_add(step) else {
+            return Ok(None);
+        };
+        let dims = CallDims {
+            batch,
+            tokens: if step == 0 { prompt_len } else { 1 },
+            positions,
+        };
+        let shape = layout.shape(request.site, dims)?;
+        Ok(shape
+            .iter()
+            .try_fold(element, |n, &d| n.checked_mul(d as u128)))
+    };
+    let prompt = if start == 0 { bytes_at(0)? } else { Some(0) };
+    // Decode steps differ only in the cache length, so their sizes grow linearly with the step:
+    // the sum over the range is its count times the mean of its ends.
+    let (first, last) = (start.max(1), end - 1);
+    let decode = if first <= last {
+        let count = (last - first + 1) as u128;
+        let ends = bytes_at(first)?.zip(bytes_at(last)?);
+        ends.and_then(|(first, last)| first.checked_add(last))
+            .and_then(|ends| count.checked_mul(ends))
+            .map(|sum| sum / 2)
+    } else {
+        Some(0)
+    };
+    Ok(prompt
+        .zip(decode)
+        .and_then(|(prompt, decode)| prompt.checked_add(decode)))
 }
 
 #[cfg(test)]

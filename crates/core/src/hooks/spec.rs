@@ -11,7 +11,7 @@ use super::request::{Action, Interventions, Selection, Steps, Write};
 use super::value::SiteValue;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
-use crate::schema::ModelLayout;
+use crate::schema::{ModelLayout, SymbolicShape};
 
 /// What a request argument does at the sites it names.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -247,7 +247,8 @@ fn push_request(
     }
     for site in &selection.sites {
         let operand_shape = operand.as_ref().map(|operand| operand.shape.as_slice());
-        precheck(layout, *site, &selection, operand_shape)
+        let shape = (layout.symbolic_shape(*site)?, layout.fixed_shape(*site)?);
+        precheck(shape, &selection, operand_shape)
             .map_err(|message| invalid(format!("for `{site}`: {message}")))?;
         let action = match kind {
             SpecKind::Save => Action::Save,
@@ -256,7 +257,7 @@ fn push_request(
                 let operand = operand.as_ref().ok_or_else(|| {
                     invalid("a set or an addition needs a tensor to write".into())
                 })?;
-                let value = aligned_operand(operand, &selection, layout.rank(*site), device)
+                let value = aligned_operand(operand, &selection, layout.rank(*site)?, device)
                     .map_err(|message| invalid(format!("for `{site}`: {message}")))?;
                 match kind {
                     SpecKind::Add => Action::Write(Write::Add(Box::new(value))),
@@ -276,14 +277,13 @@ fn push_request(
 
 /// Checks, before any call, what the model's own sizes decide: integer indices on the axes of
 /// fixed size (heads, hidden size, ...) lie within them, and the stored tensor, if any,
-/// broadcasts along them. Axes that vary from call to call are checked at each call.
+/// broadcasts along them. Axes that vary from call to call are checked at each call. The site's
+/// shape comes as its symbolic and its fixed shape (`ModelLayout::fixed_shape`).
 fn precheck(
-    layout: &ModelLayout,
-    site: crate::schema::Site,
+    (symbols, fixed): (SymbolicShape, Vec<Option<usize>>),
     selection: &Selection,
     operand: Option<&[usize]>,
 ) -> std::result::Result<(), String> {
-    let fixed = layout.fixed_shape(site);
     // A size no index reaches, for the axes that vary: only fixed axes can fail here.
     const VARYING: usize = isize::MAX as usize / 2;
     let probe: Vec<usize> = fixed.iter().map(|d| d.unwrap_or(VARYING)).collect();
@@ -298,12 +298,11 @@ fn precheck(
     if fits {
         return Ok(());
     }
-    let symbols = layout.symbolic_shape(site).0;
     let target: Vec<String> = region
         .kept_axes()
         .map(|axis| match fixed[axis] {
             Some(_) => kept[axis].to_string(),
-            None => symbols[axis].to_string(),
+            None => symbols.0[axis].to_string(),
         })
         .collect();
     Err(format!(

@@ -131,16 +131,9 @@ impl LayerSpec {
             .chain(std::iter::once(LayerSite::LayerOutput))
     }
 
-    /// Whether the block has this site.
+    /// Whether the block has this site (whether [`LayerSpec::shape_of`] gives it a shape).
     pub fn has(&self, site: LayerSite) -> bool {
-        match site {
-            LayerSite::LayerInput | LayerSite::AttentionOutput | LayerSite::LayerOutput => true,
-            LayerSite::MlpOutput => self.has_mlp,
-            LayerSite::Mixer(namespace, interior) => {
-                namespace == self.mixer.namespace()
-                    && self.mixer.interior_sites().any(|site| site == interior)
-            }
-        }
+        self.shape_of(site).is_some()
     }
 }
 

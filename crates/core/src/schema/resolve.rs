@@ -1,6 +1,8 @@
 //! Turning user-written names and glob patterns into the sites of one model, with helpful errors.
 
-use super::layout::ModelLayout;
+use std::fmt;
+
+use super::layout::{LayerSpec, ModelLayout};
 use super::site::Site;
 use crate::error::{Error, Result};
 
@@ -16,25 +18,25 @@ impl ModelLayout {
                 suggestion: self.closest_site(name),
             });
         };
-        if let Site::Layer { layer, .. } = site {
-            let Some(spec) = self.layers.get(layer) else {
-                return Err(Error::LayerOutOfRange {
-                    name: name.to_string(),
-                    layer,
-                    layers: self.layers.len(),
-                });
-            };
-            if !self.has(site) {
-                let available: Vec<String> = spec.sites().map(|s| s.name()).collect();
-                return Err(Error::SiteNotInArchitecture {
-                    name: name.to_string(),
-                    layer,
-                    mixer: spec.mixer.describe(),
-                    available: available.join(", "),
-                });
+        if let Site::Layer { layer, site: local } = site {
+            let spec = self.block(layer, &name)?;
+            if !spec.has(local) {
+                return Err(not_in_architecture(spec, layer, &name));
             }
         }
         Ok(site)
+    }
+
+    /// Block `layer`, or the error saying this model has no such layer, naming the site asked
+    /// for as `name`.
+    pub(super) fn block(&self, layer: usize, name: &dyn fmt::Display) -> Result<&LayerSpec> {
+        self.layers
+            .get(layer)
+            .ok_or_else(|| Error::LayerOutOfRange {
+                name: name.to_string(),
+                layer,
+                layers: self.layers.len(),
+            })
     }
 
     /// Expands a pattern (`*` matches any run of characters, `?` one) against this model's
@@ -77,6 +79,21 @@ impl ModelLayout {
             .filter(|(distance, candidate)| *distance <= candidate.len().max(name.len()) / 3)
             .min_by_key(|(distance, _)| *distance)
             .map(|(_, candidate)| candidate)
+    }
+}
+
+/// The error for a schema site that block `layer` (declared as `spec`) does not have.
+pub(super) fn not_in_architecture(
+    spec: &LayerSpec,
+    layer: usize,
+    name: &dyn fmt::Display,
+) -> Error {
+    let available: Vec<String> = spec.sites().map(|s| s.name()).collect();
+    Error::SiteNotInArchitecture {
+        name: name.to_string(),
+        layer,
+        mixer: spec.mixer.describe(),
+        available: available.join(", "),
     }
 }
 

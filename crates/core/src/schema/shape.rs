@@ -2,9 +2,11 @@
 //! call. One source for the CLI, the conformance checks and the docs.
 
 use super::dim::{Dim, SymbolicShape};
-use super::layout::{MixerKind, ModelLayout};
+use super::layout::{LayerSpec, MixerKind, ModelLayout};
+use super::resolve::not_in_architecture;
 use super::site::{LayerSite, Site};
-use super::table::{OUTER_SITES, OuterSite};
+use super::table::OuterSite;
+use crate::error::{Error, Result};
 
 /// The sizes of one call: batch, tokens fed, positions seen.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,73 +30,99 @@ impl CallDims {
     }
 }
 
+impl LayerSpec {
+    /// The symbolic shape of this block's `site`, from the schema's tables; `None` where the
+    /// block has no such site (an interior site of another mixer or name space, or `mlp_output`
+    /// of a block without an MLP).
+    pub fn shape_of(&self, site: LayerSite) -> Option<SymbolicShape> {
+        let outer = match site {
+            LayerSite::LayerInput => OuterSite::LayerInput,
+            LayerSite::AttentionOutput => OuterSite::AttentionOutput,
+            LayerSite::MlpOutput if self.has_mlp => OuterSite::MlpOutput,
+            LayerSite::MlpOutput => return None,
+            LayerSite::LayerOutput => OuterSite::LayerOutput,
+            LayerSite::Mixer(namespace, interior) => {
+                if namespace != self.mixer.namespace() {
+                    return None;
+                }
+                let mut rows = self.mixer.table().iter();
+                return rows.find(|row| row.site == interior).map(|row| row.shape);
+            }
+        };
+        Some(outer.row().shape)
+    }
+}
+
 use Dim::*;
 impl ModelLayout {
     /// The symbolic shape of a site this model serves, from the schema's tables.
-    pub fn symbolic_shape(&self, site: Site) -> SymbolicShape {
-        let outer = match site {
-            Site::InputIds => OuterSite::InputIds,
-            Site::TokenEmbeddings => OuterSite::TokenEmbeddings,
-            Site::Logits => OuterSite::Logits,
-            Site::NextTokenProbs => OuterSite::NextTokenProbs,
-            Site::Layer { layer, site } => match site {
-                LayerSite::LayerInput => OuterSite::LayerInput,
-                LayerSite::AttentionOutput => OuterSite::AttentionOutput,
-                LayerSite::MlpOutput => OuterSite::MlpOutput,
-                LayerSite::LayerOutput => OuterSite::LayerOutput,
-                LayerSite::Mixer(_, interior) => {
-                    // Sites a layer lacks never reach here: layouts are checked before lookup.
-                    let table = self.layers.get(layer).map(|spec| spec.mixer.table());
-                    return table
-                        .and_then(|rows| rows.iter().find(|row| row.site == interior))
-                        .map_or(SymbolicShape(&[]), |row| row.shape);
-                }
-            },
-        };
-        OUTER_SITES
-            .iter()
-            .find(|row| row.site == outer)
-            .map_or(SymbolicShape(&[]), |row| row.shape)
+    ///
+    /// A site this model does not serve is an error naming it: [`Error::LayerOutOfRange`] for a
+    /// layer past the last, [`Error::SiteNotInArchitecture`] for a site its layer lacks.
+    pub fn symbolic_shape(&self, site: Site) -> Result<SymbolicShape> {
+        self.shaped(site).map(|(shape, _)| shape)
     }
 
-    /// The number of axes of a site's value.
-    pub fn rank(&self, site: Site) -> usize {
-        self.symbolic_shape(site).0.len()
+    /// The number of axes of a site's value (errors as [`Self::symbolic_shape`]).
+    pub fn rank(&self, site: Site) -> Result<usize> {
+        Ok(self.symbolic_shape(site)?.0.len())
     }
 
     /// A site's shape with the model's own sizes filled in and `None` for the axes that vary
-    /// from call to call (`B`, `T`, `S`).
-    pub fn fixed_shape(&self, site: Site) -> Vec<Option<usize>> {
-        let mixer = match site {
-            Site::Layer { layer, .. } => self.layers.get(layer).map(|l| l.mixer),
-            _ => None,
-        };
+    /// from call to call (`B`, `T`, `S`); errors as [`Self::shape`].
+    pub fn fixed_shape(&self, site: Site) -> Result<Vec<Option<usize>>> {
+        let (shape, mixer) = self.shaped(site)?;
         let unused = CallDims::at_step(0, 0, 0);
-        self.symbolic_shape(site)
+        shape
             .0
             .iter()
             .map(|dim| match dim {
-                B | T | S => None,
-                _ => Some(self.resolve_dim(*dim, mixer.as_ref(), unused)),
+                B | T | S => Ok(None),
+                _ => self.resolve_dim(site, *dim, mixer, unused).map(Some),
             })
             .collect()
     }
 
     /// The concrete shape of a site in a call of the given dimensions.
-    pub fn shape(&self, site: Site, call: CallDims) -> Vec<usize> {
-        let mixer = match site {
-            Site::Layer { layer, .. } => self.layers.get(layer).map(|l| l.mixer),
-            _ => None,
-        };
-        self.symbolic_shape(site)
+    ///
+    /// Errors as [`Self::symbolic_shape`], and with [`Error::UnsizedAxis`] where the tables give
+    /// the site an axis its block does not size.
+    pub fn shape(&self, site: Site, call: CallDims) -> Result<Vec<usize>> {
+        let (shape, mixer) = self.shaped(site)?;
+        shape
             .0
             .iter()
-            .map(|dim| self.resolve_dim(*dim, mixer.as_ref(), call))
+            .map(|dim| self.resolve_dim(site, *dim, mixer, call))
             .collect()
     }
 
-    fn resolve_dim(&self, dim: Dim, mixer: Option<&MixerKind>, call: CallDims) -> usize {
-        match (dim, mixer) {
+    /// A site's symbolic shape and the mixer of the block serving it (`None` outside the blocks).
+    fn shaped(&self, site: Site) -> Result<(SymbolicShape, Option<&MixerKind>)> {
+        let outer = match site {
+            Site::InputIds => OuterSite::InputIds,
+            Site::TokenEmbeddings => OuterSite::TokenEmbeddings,
+            Site::Logits => OuterSite::Logits,
+            Site::NextTokenProbs => OuterSite::NextTokenProbs,
+            Site::Layer { layer, site: local } => {
+                let spec = self.block(layer, &site)?;
+                let shape = spec
+                    .shape_of(local)
+                    .ok_or_else(|| not_in_architecture(spec, layer, &site))?;
+                return Ok((shape, Some(&spec.mixer)));
+            }
+        };
+        Ok((outer.row().shape, None))
+    }
+
+    /// The size of axis `dim` of `site`, served by a block with `mixer` (`None` outside them).
+    fn resolve_dim(
+        &self,
+        site: Site,
+        dim: Dim,
+        mixer: Option<&MixerKind>,
+        call: CallDims,
+    ) -> Result<usize> {
+        let size = match (dim, mixer) {
             (B, _) => call.batch,
             (T, _) => call.tokens,
             (S, _) => call.positions,
@@ -110,16 +138,24 @@ impl ModelLayout {
             (NV, Some(MixerKind::GatedDeltaNet { value_heads, .. })) => *value_heads,
             (DK, Some(MixerKind::GatedDeltaNet { key_head_dim, .. })) => *key_head_dim,
             (DV, Some(MixerKind::GatedDeltaNet { value_head_dim, .. })) => *value_head_dim,
-            // A symbol the mixer lacks cannot occur: `mixer_shape` only names the mixer's own.
-            _ => 0,
-        }
+            _ => {
+                return Err(Error::UnsizedAxis {
+                    site: site.to_string(),
+                    dim: dim.to_string(),
+                    owner: mixer.map_or("the model outside its blocks".into(), |mixer| {
+                        format!("a {} block", mixer.describe())
+                    }),
+                });
+            }
+        };
+        Ok(size)
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::layout::tests::gpt2_like;
-    use super::super::site::MixerSite;
+    use super::super::site::{MixerNamespace, MixerSite};
     use super::*;
 
     #[test]
@@ -127,22 +163,78 @@ mod tests {
         let layout = gpt2_like(2);
         let keys = Site::self_attn(1, MixerSite::AttentionKeys);
         let queries = Site::self_attn(1, MixerSite::AttentionQueries);
-        assert_eq!(layout.symbolic_shape(keys).to_string(), "[B, NKV, S, D]");
+        let shape = |site, call| layout.shape(site, call).unwrap();
         assert_eq!(
-            layout.shape(keys, CallDims::at_step(1, 10, 0)),
-            [1, 2, 10, 4]
+            layout.symbolic_shape(keys).unwrap().to_string(),
+            "[B, NKV, S, D]"
         );
+        assert_eq!(shape(keys, CallDims::at_step(1, 10, 0)), [1, 2, 10, 4]);
+        assert_eq!(shape(keys, CallDims::at_step(1, 10, 2)), [1, 2, 12, 4]);
+        assert_eq!(shape(queries, CallDims::at_step(3, 10, 2)), [3, 2, 1, 4]);
         assert_eq!(
-            layout.shape(keys, CallDims::at_step(1, 10, 2)),
-            [1, 2, 12, 4]
-        );
-        assert_eq!(
-            layout.shape(queries, CallDims::at_step(3, 10, 2)),
-            [3, 2, 1, 4]
-        );
-        assert_eq!(
-            layout.shape(Site::NextTokenProbs, CallDims::at_step(3, 10, 2)),
+            shape(Site::NextTokenProbs, CallDims::at_step(3, 10, 2)),
             [3, 11]
+        );
+    }
+
+    #[test]
+    fn a_site_the_layer_does_not_serve_has_no_shape() {
+        let layout = gpt2_like(2);
+        let call = CallDims::at_step(1, 10, 0);
+        let state = Site::self_attn(1, MixerSite::StateOutput);
+        let err = layout.shape(state, call).unwrap_err();
+        assert!(
+            matches!(&err, Error::SiteNotInArchitecture { name, layer: 1, .. }
+                if name == "layers.1.self_attn.state_output"),
+            "{err}"
+        );
+        let other_namespace = Site::layer(
+            0,
+            LayerSite::Mixer(MixerNamespace::LinearAttn, MixerSite::AttentionKeys),
+        );
+        assert!(matches!(
+            layout.symbolic_shape(other_namespace),
+            Err(Error::SiteNotInArchitecture { .. })
+        ));
+        let past_the_end = Site::layer(99, LayerSite::LayerOutput);
+        let err = layout.rank(past_the_end).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "`layers.99.layer_output`: layer 99 is out of range; this model has 2 layers (0..=1)"
+        );
+        assert!(layout.fixed_shape(past_the_end).is_err());
+        let mut no_mlp = gpt2_like(1);
+        no_mlp.layers[0].has_mlp = false;
+        let mlp = Site::layer(0, LayerSite::MlpOutput);
+        assert!(matches!(
+            no_mlp.shape(mlp, call),
+            Err(Error::SiteNotInArchitecture { .. })
+        ));
+    }
+
+    #[test]
+    fn every_site_of_every_block_kind_has_a_sized_shape() {
+        let call = CallDims::at_step(1, 1, 0);
+        for mixer in MixerKind::every_kind() {
+            for has_mlp in [false, true] {
+                let layout = ModelLayout::uniform(1, 1, LayerSpec { mixer, has_mlp }, 1);
+                for site in layout.call_order() {
+                    let rank = layout.rank(site).unwrap();
+                    let shape = layout.shape(site, call);
+                    assert_eq!(shape.map(|s| s.len()).ok(), Some(rank), "{site}: {mixer:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn an_axis_no_block_sizes_is_an_error_naming_the_site() {
+        let err = gpt2_like(1)
+            .resolve_dim(Site::Logits, NH, None, CallDims::at_step(1, 1, 0))
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "`logits`: its shape has the axis `NH`, which the model outside its blocks does not size"
         );
     }
 }

@@ -62,42 +62,52 @@ const fn row<S>(site: S, shape: &'static [Dim], meaning: &'static str) -> SiteRo
     }
 }
 
+impl OuterSite {
+    /// This site's row of the outer table: its shape and meaning. A `match`, so every site has
+    /// one by construction.
+    pub const fn row(self) -> SiteRow<OuterSite> {
+        match self {
+            OuterSite::InputIds => row(self, &[B, T], "the tokens fed to this call"),
+            OuterSite::TokenEmbeddings => row(
+                self,
+                &[B, T, H],
+                "output of the token embedding table, before positions or scaling",
+            ),
+            OuterSite::LayerInput => row(self, &[B, T, H], "residual stream entering block i"),
+            OuterSite::AttentionOutput => row(
+                self,
+                &[B, T, H],
+                "output of block i's sequence mixer, before the residual add",
+            ),
+            OuterSite::MlpOutput => row(
+                self,
+                &[B, T, H],
+                "output of block i's MLP (absent where the block has none, e.g. Mamba; for a \
+                 mixture-of-experts block, the whole block's output: routed experts plus any \
+                 shared expert)",
+            ),
+            OuterSite::LayerOutput => row(self, &[B, T, H], "residual stream leaving block i"),
+            OuterSite::Logits => row(self, &[B, T, V], "language-model head output"),
+            OuterSite::NextTokenProbs => row(
+                self,
+                &[B, V],
+                "softmax of the last position's logits: the distribution the call samples from",
+            ),
+        }
+    }
+}
+
 /// The sites outside any mixer, in call order (a block's mixer sites come after its
 /// `layer_input`).
 pub const OUTER_SITES: [SiteRow<OuterSite>; 8] = [
-    row(OuterSite::InputIds, &[B, T], "the tokens fed to this call"),
-    row(
-        OuterSite::TokenEmbeddings,
-        &[B, T, H],
-        "output of the token embedding table, before positions or scaling",
-    ),
-    row(
-        OuterSite::LayerInput,
-        &[B, T, H],
-        "residual stream entering block i",
-    ),
-    row(
-        OuterSite::AttentionOutput,
-        &[B, T, H],
-        "output of block i's sequence mixer, before the residual add",
-    ),
-    row(
-        OuterSite::MlpOutput,
-        &[B, T, H],
-        "output of block i's MLP (absent where the block has none, e.g. Mamba; for a \
-         mixture-of-experts block, the whole block's output: routed experts plus any shared expert)",
-    ),
-    row(
-        OuterSite::LayerOutput,
-        &[B, T, H],
-        "residual stream leaving block i",
-    ),
-    row(OuterSite::Logits, &[B, T, V], "language-model head output"),
-    row(
-        OuterSite::NextTokenProbs,
-        &[B, V],
-        "softmax of the last position's logits: the distribution the call samples from",
-    ),
+    OuterSite::InputIds.row(),
+    OuterSite::TokenEmbeddings.row(),
+    OuterSite::LayerInput.row(),
+    OuterSite::AttentionOutput.row(),
+    OuterSite::MlpOutput.row(),
+    OuterSite::LayerOutput.row(),
+    OuterSite::Logits.row(),
+    OuterSite::NextTokenProbs.row(),
 ];
 
 use MixerSite::*;

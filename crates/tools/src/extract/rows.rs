@@ -33,7 +33,7 @@ impl SiteRows {
     /// scores and probabilities, `[B, NH, T, S]`) has rows whose width depends on the batch's
     /// padded length and cannot be stacked: it is refused.
     pub fn of(layout: &ModelLayout, site: Site) -> Result<SiteRows> {
-        let dims = layout.symbolic_shape(site).0;
+        let dims = layout.symbolic_shape(site)?.0;
         let axis_of = |wanted: Dim| dims.iter().position(|d| *d == wanted);
         let axis = match (axis_of(Dim::T), axis_of(Dim::S)) {
             (Some(_), Some(_)) => {
@@ -54,7 +54,7 @@ impl SiteRows {
                 tokens: 1,
                 positions: 1,
             },
-        );
+        )?;
         let row_shape = shape
             .iter()
             .enumerate()
