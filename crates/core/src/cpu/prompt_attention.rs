@@ -5,7 +5,7 @@
 //! GPT-2 call. Here each query head is computed in blocks of [`ROWS`] query rows: the scores of
 //! a block against 16 keys at a time are 16-wide fused multiply-adds over a transposed copy of
 //! the head's keys (no horizontal sums), only keys up to the block's last visible one are
-//! visited (half the work under a causal mask), the softmax uses `fastmath`'s vectorised
+//! visited (half the work under a causal mask), the softmax uses `elementwise`'s vectorised
 //! exponential, and each value row, once loaded, is added into every row of the block. Grouped
 //! key/value heads are read where they lie, once per query head of their group. Other backends,
 //! dtypes and layouts go to burn.
