@@ -157,7 +157,10 @@ fn an_interrupted_run_resumes_to_the_files_of_an_uninterrupted_one() {
     let blocked = interrupted.join("extract-000003.safetensors");
     std::fs::create_dir_all(&blocked).unwrap();
     let output = extract(&interrupted).output().unwrap();
-    assert!(!output.status.success(), "the run stops at the blocked file");
+    assert!(
+        !output.status.success(),
+        "the run stops at the blocked file"
+    );
     assert!(interrupted.join("extract-000002.safetensors").is_file());
     assert!(
         !interrupted.join("manifest.json").exists(),
