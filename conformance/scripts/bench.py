@@ -207,6 +207,8 @@ def main():
     parser.add_argument("--mamba-model", type=Path, help="also time Mamba prompt calls of growing length")
     parser.add_argument("--mamba2-model", type=Path, help="also time Mamba-2 prompt calls and decode")
     parser.add_argument("--qwen3-next-model", type=Path, help="also time Qwen3-Next prompt calls and decode")
+    parser.add_argument("--large-vocab-model", type=Path,
+                        help="a large-vocabulary bf16 model (Gemma-2-2B-shaped): prompt, decode, load, memory, head")
     parser.add_argument("--gpu-models", type=Path, nargs="+", default=[],
                         help="time these models on a GPU: hookscope on --device, transformers on --torch-device")
     parser.add_argument("--device", default="vulkan", help="hookscope's --device for --gpu-models")
@@ -230,6 +232,8 @@ def main():
     if args.qwen3_next_model:
         print_recurrent_scaling(args, args.qwen3_next_model, "Qwen3-Next", (64, 256, 1024))
         print_recurrent_decode(args, args.qwen3_next_model, "Qwen3-Next")
+    if args.large_vocab_model:
+        print_large_vocab_table(args, args.large_vocab_model)
     if args.gpu_models:
         global TORCH_DEVICE
         TORCH_DEVICE = torch.device(args.torch_device)
@@ -397,6 +401,102 @@ def print_recurrent_decode(args, model_dir, label):
     for variant, name in (("no_hooks", "hookscope, no hooks"), ("save_every_site", "hookscope, every site saved")):
         ms = decode_ms({1: runs[0][variant]["median_ms"], n: runs[1][variant]["median_ms"]}, n)
         print(f"| {name} | {ms:.1f} | {hf / ms:.2f}x |")
+
+
+def peak_rss_mb(command, env=None):
+    """Runs `command` to its end; its output and its peak resident memory in MB."""
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True, env=env)
+    out = process.stdout.read()
+    _, status, usage = os.wait4(process.pid, 0)
+    assert status == 0, f"{command[0]} exited with {status}"
+    return out, usage.ru_maxrss / 1024
+
+
+TRANSFORMERS_LOAD = """
+import json, resource, sys, time
+import torch
+from transformers import AutoModelForCausalLM
+torch.set_num_threads({threads})
+start = time.perf_counter()
+model = AutoModelForCausalLM.from_pretrained({model!r}, dtype=torch.bfloat16, attn_implementation="eager").eval()
+load = time.perf_counter() - start
+with torch.no_grad():
+    model(torch.zeros(1, 128, dtype=torch.long))
+print(json.dumps({{"load_seconds": load}}))
+"""
+
+
+def time_transformers_head(model_dir, tokens, iters):
+    """transformers' bf16 head alone (final norm, unembedding, soft-cap) on `tokens` positions."""
+    model = load_transformers(model_dir, "bf16")
+    hidden = torch.randn(1, tokens, model.config.hidden_size, dtype=torch.bfloat16)
+    cap = getattr(model.config, "final_logit_softcapping", None)
+
+    def run():
+        with torch.no_grad():
+            logits = model.lm_head(model.model.norm(hidden))
+            if cap is not None:
+                torch.tanh(logits / cap) * cap
+
+    return median_ms(run, iters, 1)
+
+
+def one_layer_copy(model_dir):
+    """A folder beside `model_dir` whose config keeps one layer (the weights are the same files;
+    the other layers' go unused): what a call costs without its layers but one."""
+    copy = model_dir.parent / f"{model_dir.name}-1layer"
+    copy.mkdir(exist_ok=True)
+    config = json.loads((model_dir / "config.json").read_text())
+    layers = config["num_hidden_layers"]
+    config["num_hidden_layers"] = 1
+    config.pop("layer_types", None)
+    (copy / "config.json").write_text(json.dumps(config))
+    for item in model_dir.iterdir():
+        if item.name != "config.json" and not (copy / item.name).exists():
+            (copy / item.name).symlink_to(item.resolve())
+    return copy, layers
+
+
+def print_large_vocab_table(args, model_dir):
+    """A large-vocabulary model in bf16 (Gemma-2-2B's shapes: 256000 tokens): prompt calls and
+    decode against transformers bf16, load time and peak memory, and what the head costs."""
+    prompt_len, n = 128, args.new_tokens
+    env = dict(os.environ, RAYON_NUM_THREADS=str(args.threads))
+    print(f"\n{model_dir.name}: bf16, prompt call of {prompt_len} tokens, greedy decode from a 10-token prompt "
+          f"({n} new tokens)")
+    hf_prompt = time_transformers_forward(model_dir, prompt_len, 3, 1, "bf16")
+    hf_decode = decode_ms(time_transformers_generate(model_dir, 10, n, args.generate_iters, "bf16"), n)
+    hs_prompt = time_hookscope(args.hookscope, model_dir, prompt_len, 3, 1, args.threads, dtype="bf16",
+                               unhooked_only=True)
+    runs = [time_hookscope(args.hookscope, model_dir, 10, args.generate_iters, 1, args.threads, t, "bf16",
+                           unhooked_only=True) for t in (1, n)]
+    hs_decode = decode_ms({1: runs[0]["no_hooks"]["median_ms"], n: runs[1]["no_hooks"]["median_ms"]}, n)
+    plain = hs_prompt["no_hooks"]["median_ms"]
+    print("| | transformers bf16 | hookscope bf16 | hookscope vs transformers |")
+    print("| --- | ---: | ---: | ---: |")
+    print(f"| prompt call (ms) | {hf_prompt:.0f} | {plain:.0f} | {hf_prompt / plain:.2f}x |")
+    print(f"| decode (ms/token) | {hf_decode:.0f} | {hs_decode:.0f} | {hf_decode / hs_decode:.2f}x |")
+    hf_out, hf_rss = peak_rss_mb(["python3", "-c", TRANSFORMERS_LOAD.format(threads=args.threads, model=str(model_dir))])
+    hf_load = json.loads(hf_out)["load_seconds"]
+    command = [args.hookscope, "bench", str(model_dir), "--prompt-len", str(prompt_len), "--iters", "1",
+               "--warmup", "0", "--dtype", "bf16", "--unhooked-only"]
+    hs_out, hs_rss = peak_rss_mb(command, env)
+    hs_load = json.loads(hs_out)["load_seconds"]
+    print(f"| load (s) | {hf_load:.1f} | {hs_load:.1f} | {hf_load / hs_load:.2f}x |")
+    print(f"| peak memory, load + one {prompt_len}-token call (MB) | {hf_rss:.0f} | {hs_rss:.0f} | |")
+    # The head alone: transformers' directly; hookscope's as a one-layer model's call less one
+    # layer's share of the whole model's.
+    single, layers = one_layer_copy(model_dir)
+    for tokens, whole in ((prompt_len, plain), (1, None)):
+        hf_head = time_transformers_head(model_dir, tokens, 5)
+        one = time_hookscope(args.hookscope, single, tokens, 3, 1, args.threads, dtype="bf16",
+                             unhooked_only=True)["no_hooks"]["median_ms"]
+        if whole is None:
+            whole = time_hookscope(args.hookscope, model_dir, tokens, 3, 1, args.threads, dtype="bf16",
+                                   unhooked_only=True)["no_hooks"]["median_ms"]
+        hs_head = one - (whole - one) / (layers - 1)
+        print(f"| head alone, {tokens} position(s) (ms; hookscope's share of its whole call) | {hf_head:.0f} "
+              f"| {hs_head:.0f} ({100 * hs_head / whole:.0f}%) | {hf_head / hs_head:.2f}x |")
 
 
 def print_gpu_table(args, model_dir):

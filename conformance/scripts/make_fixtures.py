@@ -33,6 +33,15 @@ from safetensors.torch import save_file
 from transformers import (
     BambaConfig,
     BambaForCausalLM,
+    DynamicCache,
+    Gemma2Config,
+    Gemma2ForCausalLM,
+    Gemma3Config,
+    Gemma3ForCausalLM,
+    Gemma3ForConditionalGeneration,
+    Gemma3TextConfig,
+    GemmaConfig,
+    GemmaForCausalLM,
     GenerationConfig,
     GPT2Config,
     GPT2LMHeadModel,
@@ -50,6 +59,8 @@ from transformers import (
     Qwen3NextForCausalLM,
     MambaConfig,
     MambaForCausalLM,
+    MistralConfig,
+    MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
 )
@@ -86,12 +97,16 @@ RECORDER = Recorder()
 def capturing_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
     """The model family's own eager attention, with its inputs and outputs recorded. Keys and
     values are recorded as the cache holds them (`NKV` heads); scores use them repeated per
-    query group, as the eager function does."""
+    query group, as the eager function does, soft-capped where it caps them (Gemma 2), then
+    masked: what enters the softmax."""
     eager = sys.modules[type(module).__module__].eager_attention_forward
     out, weights = eager(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     layer = module.layer_idx
     groups = query.shape[1] // key.shape[1]
     scores = torch.matmul(query, key.repeat_interleave(groups, dim=1).transpose(-1, -2)) * scaling
+    softcap = kwargs.get("softcap")
+    if softcap is not None:
+        scores = torch.tanh(scores / softcap) * softcap
     s = scores.shape[-1]
     assert attention_mask is not None, "eager attention must receive an explicit mask"
     masked = attention_mask[..., :s] < torch.finfo(scores.dtype).min / 2
@@ -229,6 +244,9 @@ def attach_hooks(model):
         tr, blocks, embeddings, attn = model.backbone, model.backbone.layers, model.backbone.embeddings, "mixer"
     elif hasattr(model, "gpt_neox"):
         tr, blocks, embeddings, attn = model.gpt_neox, model.gpt_neox.layers, model.gpt_neox.embed_in, "attention"
+    elif hasattr(model.model, "language_model"):
+        text = model.model.language_model
+        tr, blocks, embeddings, attn = text, text.layers, text.embed_tokens, "self_attn"
     else:
         tr, blocks, embeddings, attn = model.model, model.model.layers, model.model.embed_tokens, "self_attn"
 
@@ -253,11 +271,16 @@ def attach_hooks(model):
             RECORDER.layer = i
 
         mixer.register_forward_pre_hook(enter_mixer)
-        mixer.register_forward_hook(
+        # A sandwich-norm block (Gemma 2 and 3) adds its post-norms' outputs to the residual:
+        # those are `attention_output` and `mlp_output`.
+        sandwich = hasattr(block, "pre_feedforward_layernorm")
+        attention_out = block.post_attention_layernorm if sandwich else mixer
+        mlp_out = block.post_feedforward_layernorm if sandwich else mlp
+        attention_out.register_forward_hook(
             lambda m, a, o, i=i: RECORDER.put(f"layers.{i}.attention_output", output_tensor(o))
         )
         if mlp is not None:
-            mlp.register_forward_hook(lambda m, a, o, i=i: RECORDER.put(f"layers.{i}.mlp_output", o))
+            mlp_out.register_forward_hook(lambda m, a, o, i=i: RECORDER.put(f"layers.{i}.mlp_output", o))
         block.register_forward_hook(
             lambda m, a, o, i=i: RECORDER.put(f"layers.{i}.layer_output", output_tensor(o))
         )
@@ -266,6 +289,11 @@ def attach_hooks(model):
         # generate() asks the head for the last position only; the schema's step-0 logits cover
         # every position, so apply transformers' own head to all of them.
         logits = model.get_output_embeddings()(output.last_hidden_state)
+        # The causal LMs of Gemma 2 and 3 soft-cap their logits (the conditional-generation
+        # model's config has no such key at the top, and its head applies none).
+        cap = getattr(model.config, "final_logit_softcapping", None)
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
         RECORDER.put("logits", logits)
         RECORDER.put("next_token_probs", torch.softmax(logits[:, -1, :].float(), dim=-1))
 
@@ -321,17 +349,21 @@ def record_generation(model, prompt_ids, eos_token_id, zero=None):
         # Registered before the recording hook of the same block, so the recorded value is the
         # zeroed one, as hookscope saves a site after its writes.
         body = next(getattr(model, n) for n in ("transformer", "backbone", "gpt_neox", "model") if hasattr(model, n))
+        body = getattr(body, "language_model", body)
         blocks = body.h if hasattr(body, "h") else body.layers
         handle = blocks[layer].register_forward_hook(zero_output, prepend=True)
     with torch.no_grad():
         # Plain greedy for exactly NEW_TOKENS tokens: the stop id is one outside the vocabulary,
         # so nothing stops early (min_new_tokens would instead suppress EOS in the distribution,
         # which is not greedy decoding).
-        no_stop = model.config.vocab_size
+        no_stop = model.config.get_text_config().vocab_size
         config = GenerationConfig(
             max_new_tokens=NEW_TOKENS, do_sample=False, eos_token_id=no_stop, pad_token_id=eos_token_id
         )
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config)
+        # A cache without sliding layers: transformers' own trims a sliding-window layer's keys
+        # to its window, where hookscope's schema keeps every position (masked outside it).
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
+                             cache=DynamicCache())
     if handle is not None:
         handle.remove()
     steps = RECORDER.step + 1
@@ -426,6 +458,61 @@ def make_llama_models():
     }
     for seed, (name, (config_class, model_class, config)) in enumerate(cases.items()):
         model = build_model(100 + seed, config_class, model_class, **common, **config)
+        write_case(FIXTURES / name, model, prompts, eos_token_id=vocab - 1)
+
+
+def make_gemma_models():
+    """Tiny Gemma configs, each with GQA and a head size other than hidden / heads: Gemma 1;
+    Gemma 2 with a window shorter than the prompt on alternate layers and soft-caps near the
+    size of its scores and logits; Gemma 3 with explicit layer types and a linear-scaled global
+    rotary beside the local one; Gemma 3's conditional-generation checkpoint (a tiny vision
+    tower, ignored) with the older `sliding_window_pattern`."""
+    vocab = 96
+    generator = torch.Generator().manual_seed(31)
+    prompts = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in (7, 4)]
+    special = dict(bos_token_id=vocab - 1, eos_token_id=vocab - 1, pad_token_id=vocab - 1)
+    shape = dict(vocab_size=vocab, hidden_size=32, intermediate_size=48, num_attention_heads=4,
+                 num_key_value_heads=2, head_dim=12, max_position_embeddings=64, rms_norm_eps=1e-5)
+    rope3 = {"full_attention": dict(rope_type="linear", factor=8.0, rope_theta=1000000.0),
+             "sliding_attention": dict(rope_type="default", rope_theta=10000.0)}
+    cases = {
+        "gemma-gqa-headdim": (GemmaConfig, GemmaForCausalLM, dict(num_hidden_layers=2)),
+        "gemma2-window-softcap": (Gemma2Config, Gemma2ForCausalLM, dict(
+            num_hidden_layers=3, sliding_window=3, query_pre_attn_scalar=10, attn_logit_softcapping=1.5,
+            final_logit_softcapping=2.5)),
+        "gemma3-text-window": (Gemma3TextConfig, Gemma3ForCausalLM, dict(
+            num_hidden_layers=4, sliding_window=3, query_pre_attn_scalar=10, final_logit_softcapping=2.5,
+            layer_types=["sliding_attention", "full_attention", "sliding_attention", "sliding_attention"],
+            rope_parameters=rope3)),
+    }
+    for seed, (name, (config_class, model_class, config)) in enumerate(cases.items()):
+        model = build_model(700 + seed, config_class, model_class, **shape, **special, **config)
+        write_case(FIXTURES / name, model, prompts, eos_token_id=vocab - 1)
+    text = Gemma3TextConfig(**shape, **special, num_hidden_layers=3, sliding_window=3, query_pre_attn_scalar=10,
+                            sliding_window_pattern=2, rope_parameters=rope3)
+    vision = dict(model_type="siglip_vision_model", hidden_size=16, intermediate_size=24, num_hidden_layers=1,
+                  num_attention_heads=2, image_size=28, patch_size=14)
+    model = build_model(710, Gemma3Config, Gemma3ForConditionalGeneration, text_config=text.to_dict(),
+                        vision_config=vision, mm_tokens_per_image=4, image_token_index=vocab - 2,
+                        boi_token_index=vocab - 3, eoi_token_index=vocab - 4, **special)
+    write_case(FIXTURES / "gemma3-multimodal", model, prompts, eos_token_id=vocab - 1)
+
+
+def make_window_models():
+    """The Llama family's sliding windows, shorter than the prompt: Mistral's on every layer,
+    Qwen2's on the layers from `max_window_layers` on."""
+    vocab = 96
+    generator = torch.Generator().manual_seed(37)
+    prompts = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in (7, 4)]
+    common = dict(vocab_size=vocab, bos_token_id=vocab - 1, eos_token_id=vocab - 1, rms_norm_eps=1e-5,
+                  hidden_size=24, intermediate_size=40, num_hidden_layers=2, num_attention_heads=4,
+                  num_key_value_heads=2, max_position_embeddings=64, sliding_window=3)
+    cases = {
+        "mistral-window": (MistralConfig, MistralForCausalLM, dict()),
+        "qwen2-window": (Qwen2Config, Qwen2ForCausalLM, dict(use_sliding_window=True, max_window_layers=1)),
+    }
+    for seed, (name, (config_class, model_class, config)) in enumerate(cases.items()):
+        model = build_model(800 + seed, config_class, model_class, **common, **config)
         write_case(FIXTURES / name, model, prompts, eos_token_id=vocab - 1)
 
 
@@ -643,7 +730,22 @@ def make_bench_llama(directory, size):
     model.save_pretrained(Path(directory), safe_serialization=True, max_shard_size="2GB")
 
 
-def make_bf16_references():
+def make_bench_gemma2_2b(directory):
+    """A random model with Gemma-2-2B's shapes (Gemma2Config's defaults: 2304 hidden, 26 layers,
+    8 query / 4 key-value heads of 256, 9216 intermediate, a 256000-token vocabulary, tied),
+    saved in bf16 as the released checkpoint is (5.2 GB), for the large-vocabulary benchmark."""
+    torch.manual_seed(0)
+    cfg = Gemma2Config()
+    torch.set_default_dtype(torch.bfloat16)
+    try:
+        model = Gemma2ForCausalLM(cfg).eval()
+    finally:
+        torch.set_default_dtype(torch.float32)
+    model.config.dtype = torch.bfloat16
+    model.save_pretrained(Path(directory), safe_serialization=True, max_shard_size="2GB")
+
+
+def make_bf16_references(names=None):
     """transformers' bf16 logits for each fixture's first prompt (the prompt call, every
     position), stored as computed (bf16) under `logits`. The checkpoint is read as saved, so the weights are
     the fixture's own, rounded to bf16 by torch (to nearest, ties to even, as hookscope does)."""
@@ -652,7 +754,7 @@ def make_bf16_references():
     RECORDER.put = lambda site, tensor: None  # the capture patches record nothing here
     for directory in sorted(FIXTURES.iterdir()):
         meta = directory / "reference.json"
-        if not meta.is_file():
+        if not meta.is_file() or names and directory.name not in names:
             continue
         prompt = json.loads(meta.read_text())["prompts"][0]
         model = AutoModelForCausalLM.from_pretrained(
@@ -693,13 +795,14 @@ def main():
     parser.add_argument("--bench-llama-1b", type=Path, help="write a ~1.1B Llama-shaped bf16 random model here")
     parser.add_argument("--bench-llama-7b", type=Path, help="write a 7B Llama-shaped bf16 random model here")
     parser.add_argument("--bench-llama-small", type=Path, help="write a 110M Llama-shaped f32 random model here")
-    parser.add_argument("--bf16-references", action="store_true",
-                        help="add transformers' bf16 logits to every committed fixture")
+    parser.add_argument("--bench-gemma2-2b", type=Path, help="write a Gemma-2-2B-shaped bf16 random model here")
+    parser.add_argument("--bf16-references", nargs="*", metavar="FIXTURE",
+                        help="add transformers' bf16 logits to these committed fixtures (none named: to every one)")
     parser.add_argument("--only", nargs="+", choices=sorted(FAMILIES), help="make only these fixture families")
     args = parser.parse_args()
     torch.set_num_threads(min(4, os.cpu_count() or 1))
     bench = (args.bench_model, args.bench_long_model, args.bench_mamba, args.bench_mamba2, args.bench_qwen3_next, args.bench_llama_1b,
-             args.bench_llama_7b, args.bench_llama_small)
+             args.bench_llama_7b, args.bench_llama_small, args.bench_gemma2_2b)
     if any(bench):
         if args.bench_llama_1b:
             make_bench_llama(args.bench_llama_1b, "1b")
@@ -707,6 +810,8 @@ def main():
             make_bench_llama(args.bench_llama_7b, "7b")
         if args.bench_llama_small:
             make_bench_llama(args.bench_llama_small, "small")
+        if args.bench_gemma2_2b:
+            make_bench_gemma2_2b(args.bench_gemma2_2b)
         if args.bench_model:
             make_bench_model(args.bench_model)
         if args.bench_long_model:
@@ -718,8 +823,8 @@ def main():
         if args.bench_qwen3_next:
             make_bench_qwen3_next(args.bench_qwen3_next)
         return
-    if args.bf16_references:
-        make_bf16_references()
+    if args.bf16_references is not None:
+        make_bf16_references(args.bf16_references)
         return
     families = args.only or sorted(FAMILIES)
     if "gpt2-tiny" in families and args.gpt2_bpe is None:
@@ -735,6 +840,8 @@ def main():
 FAMILIES = {
     "gpt2": make_parity_models,
     "llama": make_llama_models,
+    "gemma": make_gemma_models,
+    "windows": make_window_models,
     "mamba": make_mamba_models,
     "mamba2": make_mamba2_models,
     "bamba": make_bamba_models,

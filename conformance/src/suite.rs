@@ -74,6 +74,7 @@ pub fn run(arch: &'static Architecture, fixtures: Option<&Path>, device: &Device
             record("residual write at step k", subject.residual_write());
             record("padded batch", subject.padded_batch());
             record("cache = recompute", subject.cache_equals_recompute());
+            record("residual identity", subject.residual_identity());
         }
     }
     match fixtures {
@@ -253,6 +254,39 @@ impl Subject {
                     let symbolic = layout.symbolic_shape(site).map_err(error)?;
                     return Err(format!(
                         "{site}@{step}: shape {got:?}, the table says {symbolic} = {expected:?}"
+                    ));
+                }
+            }
+        }
+        Ok(Checked::Pass)
+    }
+
+    /// `layer_output = layer_input + attention_output + mlp_output` at every layer and step:
+    /// the two outputs are what the block adds to the residual stream (after a post-norm,
+    /// where the block has one), on sequential and parallel blocks alike.
+    fn residual_identity(&self) -> CheckResult {
+        let layers = &self.model.layout().layers;
+        for step in 0..self.batch_run.steps {
+            for (layer, spec) in layers.iter().enumerate() {
+                let site = |site| self.saved(&self.batch_run, Site::layer(layer, site), step);
+                let mut sum = site(LayerSite::LayerInput)?;
+                let mut parts = vec![site(LayerSite::AttentionOutput)?];
+                if spec.has_mlp {
+                    parts.push(site(LayerSite::MlpOutput)?);
+                }
+                for part in parts {
+                    if part.len() != sum.len() {
+                        return Err(format!("layer {layer}, step {step}: shapes differ"));
+                    }
+                    sum.iter_mut().zip(part).for_each(|(s, p)| *s += p);
+                }
+                let output = site(LayerSite::LayerOutput)?;
+                let scale = output.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+                let diff = max_diff(&sum, &output);
+                if diff > 1e-5 * scale {
+                    return Err(format!(
+                        "layer {layer}, step {step}: layer_output differs from layer_input + \
+                         attention_output + mlp_output by {diff:.2e}"
                     ));
                 }
             }

@@ -239,10 +239,10 @@ fn mistral_without_a_limiting_window_runs_as_llama() {
 }
 
 #[test]
-fn sliding_window_attention_is_refused() {
+fn a_zero_sliding_window_is_refused() {
     let dir = edit_config("llama-mha-tied", |config| {
         config.insert("model_type".into(), "mistral".into());
-        config.insert("sliding_window".into(), 16.into());
+        config.insert("sliding_window".into(), 0.into());
     });
     let error = error_of(load(dir.path()));
     assert!(matches!(error, Error::UnsupportedConfig { .. }), "{error}");

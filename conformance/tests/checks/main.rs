@@ -9,6 +9,7 @@ mod edits;
 mod engine;
 mod extract;
 mod fuzz;
+mod gemma;
 mod generation;
 mod indexing;
 mod loading;

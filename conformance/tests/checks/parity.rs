@@ -43,33 +43,41 @@ fn float16_gpt2_with_the_real_vocabulary_matches_transformers() {
     assert_parity("gpt2-tiny", &["prompt0/logits@0"]);
 }
 
+/// No scores or probabilities observed: attention runs a fused kernel (the CPU's own, or
+/// burn's where scores are soft-capped), windowed and capped as the explicit path is.
 #[test]
 fn fused_attention_path_gives_the_same_numbers() {
-    // No scores or probabilities observed: attention runs burn's fused kernel.
-    let report = check_prompt_call(
-        &fixtures_dir().join("gpt2-tied"),
-        &test_device(),
-        TOLERANCE,
-        without_attention_pattern,
-    )
-    .unwrap();
-    assert!(
-        report.mismatches.is_empty(),
-        "{}",
-        report.mismatches.join("\n")
-    );
-    assert!(
-        report
-            .matched
-            .iter()
-            .any(|key| key.ends_with("attention_head_outputs@0"))
-    );
-    assert!(
-        !report
-            .matched
-            .iter()
-            .any(|key| key.contains("attention_probabilities"))
-    );
+    for fixture in [
+        "gpt2-tied",
+        "mistral-window",
+        "gemma2-window-softcap",
+        "gemma3-text-window",
+    ] {
+        let report = check_prompt_call(
+            &fixtures_dir().join(fixture),
+            &test_device(),
+            TOLERANCE,
+            without_attention_pattern,
+        )
+        .unwrap();
+        assert!(
+            report.mismatches.is_empty(),
+            "{fixture}: {}",
+            report.mismatches.join("\n")
+        );
+        assert!(
+            report
+                .matched
+                .iter()
+                .any(|key| key.ends_with("attention_head_outputs@0"))
+        );
+        assert!(
+            !report
+                .matched
+                .iter()
+                .any(|key| key.contains("attention_probabilities"))
+        );
+    }
 }
 
 fn assert_generation_parity(fixture: &str, unreferenced: impl Fn(&str) -> bool) {

@@ -20,9 +20,9 @@
 use hookscope_core::burn::tensor::Tensor;
 use hookscope_core::config::{AttentionHeads, HeadDim, HeadKeys};
 use hookscope_core::nn::{
-    Activation, DecoderLayer, DecoderParts, Embedding, FeedForward, GatedMlp, GatedMlpSpec,
-    HybridDecoder, LayerMixer, Linear, MoeSpec, ProjectedAttention, ProjectedAttentionSpec, QkNorm,
-    RmsNorm, SparseMoe,
+    Activation, DecoderLayer, DecoderOptions, DecoderParts, Embedding, FeedForward, GatedMlp,
+    GatedMlpSpec, HybridDecoder, LayerMixer, Linear, MoeSpec, ProjectedAttention,
+    ProjectedAttentionSpec, QkNorm, RmsNorm, SparseMoe,
 };
 use hookscope_core::nn::{Rope, RopeParameters, RopeRules, RotaryFraction};
 use hookscope_core::{ArchConfig, Result, WeightLoader};
@@ -241,21 +241,13 @@ pub fn load(
     loader: &mut WeightLoader<'_>,
     family: Family,
 ) -> Result<Hybrid> {
-    let text = arch_config
-        .json
-        .get("text_config")
-        .filter(|t| t.is_object());
-    let config: HybridConfig = match text {
+    let config: HybridConfig = match arch_config.text_config() {
         Some(text) => {
             loader.note(
                 "this checkpoint is multimodal: its language model is loaded, the vision \
                      tower is ignored",
             );
-            ArchConfig {
-                path: arch_config.path.clone(),
-                json: text.clone(),
-            }
-            .parse()?
+            text.parse()?
         }
         None => arch_config.parse()?,
     };
@@ -305,11 +297,6 @@ pub fn load(
         let mut layer = model.pp(format!("layers.{i}"));
         let mixer = if config.is_attention(arch_config, i)? {
             let spec = ProjectedAttentionSpec {
-                layer: i,
-                hidden: h,
-                heads: attention.heads,
-                kv_heads: attention.kv_heads,
-                head_dim: attention.head_dim,
                 qkv_bias: config.attention_bias,
                 o_bias: config.attention_bias,
                 qk_norm: Some(QkNorm {
@@ -317,6 +304,7 @@ pub fn load(
                     unit_offset: true,
                 }),
                 output_gate: true,
+                ..ProjectedAttentionSpec::new(i, h, attention)
             };
             let attention = ProjectedAttention::load(layer.pp("self_attn"), &spec)?;
             LayerMixer::Attention(Box::new(attention))
@@ -338,6 +326,7 @@ pub fn load(
             mixer,
             post_norm: RmsNorm::load_unit_offset(layer.pp("post_attention_layernorm"), h, eps)?,
             feed_forward: mlp,
+            output_norms: None,
         });
     }
     let norm = RmsNorm::load_unit_offset(model.pp("norm"), h, eps)?;
@@ -349,5 +338,6 @@ pub fn load(
         layers,
         norm,
         lm_head,
+        options: DecoderOptions::default(),
     }))
 }

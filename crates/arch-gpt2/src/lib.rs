@@ -10,7 +10,7 @@
 use hookscope_core::burn::tensor::Tensor;
 use hookscope_core::config::{AttentionHeads, HeadDim, HeadKeys};
 use hookscope_core::nn::{
-    Activation, Embedding, LayerNorm, Linear, SoftmaxAttention, residual_block,
+    Activation, Embedding, LayerNorm, Linear, ScoreRules, SoftmaxAttention, residual_block,
 };
 use hookscope_core::schema::LayerSpec;
 use hookscope_core::{
@@ -104,9 +104,11 @@ impl Gpt2 {
             heads: "n_head",
             kv_heads: "n_head",
         };
+        let attention_heads =
+            AttentionHeads::check(arch_config, keys, (h, config.n_head, None), HeadDim::Split)?;
         let AttentionHeads {
             heads, head_dim, ..
-        } = AttentionHeads::check(arch_config, keys, (h, config.n_head, None), HeadDim::Split)?;
+        } = attention_heads;
         let inner = config.n_inner.unwrap_or(4 * h);
         let mut transformer = loader.pp_stored(&["transformer", ""]);
         let wte = Embedding::load(transformer.pp("wte"), config.vocab_size, h)?;
@@ -126,13 +128,14 @@ impl Gpt2 {
                 Ok(Block {
                     ln_1: LayerNorm::load(block.pp("ln_1"), h, eps)?,
                     c_attn: Linear::load_conv1d(block.pp("attn.c_attn"), h, 3 * h)?,
-                    attention: SoftmaxAttention {
-                        layer: i,
-                        heads,
-                        kv_heads: heads,
-                        head_dim,
-                        scale,
-                    },
+                    attention: SoftmaxAttention::new(
+                        i,
+                        attention_heads,
+                        ScoreRules {
+                            scale: Some(scale),
+                            ..ScoreRules::default()
+                        },
+                    ),
                     c_proj: Linear::load_conv1d(block.pp("attn.c_proj"), h, h)?,
                     ln_2: LayerNorm::load(block.pp("ln_2"), h, eps)?,
                     c_fc: Linear::load_conv1d(block.pp("mlp.c_fc"), h, inner)?,
@@ -182,7 +185,7 @@ impl CausalLm for Gpt2 {
                 |hidden, call| {
                     let qkv = block.c_attn.forward(block.ln_1.forward(hidden));
                     let h = self.config.n_embd;
-                    let heads = block.attention.heads;
+                    let heads = block.attention.heads().heads;
                     let q = split_heads(qkv.clone().slice_dim(2, 0..h), heads);
                     let k = split_heads(qkv.clone().slice_dim(2, h..2 * h), heads);
                     let v = split_heads(qkv.slice_dim(2, 2 * h..3 * h), heads);

@@ -1,6 +1,6 @@
 //! `config.json` of Llama-family checkpoints, and what of it this adapter can run.
 
-use hookscope_core::config::{AttentionHeads, HeadDim, HeadKeys};
+use hookscope_core::config::{AttentionHeads, HeadDim, HeadKeys, sliding_layers};
 use hookscope_core::nn::{Rope, RopeParameters, RopeRules, RotaryFraction};
 use hookscope_core::{ArchConfig, Result};
 use serde::Deserialize;
@@ -43,12 +43,19 @@ pub struct LlamaConfig {
     /// Whether the head shares the embedding table.
     #[serde(default)]
     pub tie_word_embeddings: bool,
-    /// Mistral's sliding window (unsupported when it is shorter than the context).
+    /// The sliding window (Mistral: every layer's; Qwen2: the layers `layer_types` or
+    /// `max_window_layers` name, when `use_sliding_window`).
     #[serde(default)]
     pub sliding_window: Option<usize>,
     /// Qwen2's switch for its sliding window.
     #[serde(default)]
     pub use_sliding_window: bool,
+    /// Qwen2: the layers below this index attend to the whole context.
+    #[serde(default)]
+    pub max_window_layers: Option<usize>,
+    /// Qwen2: `sliding_attention` or `full_attention` per layer.
+    #[serde(default)]
+    pub layer_types: Option<Vec<String>>,
     /// Old-style rotary base.
     #[serde(default)]
     pub rope_theta: Option<f64>,
@@ -94,19 +101,33 @@ impl LlamaConfig {
         if self.pretraining_tp.unwrap_or(1) > 1 {
             return Err(config.unsupported("pretraining_tp > 1"));
         }
-        let window_limits_context =
-            |window: Option<usize>| window.is_some_and(|w| w < self.max_position_embeddings);
-        let sliding = match self.model_type.as_str() {
-            "qwen2" => self.use_sliding_window && window_limits_context(self.sliding_window),
-            _ => window_limits_context(self.sliding_window),
-        };
-        if sliding {
-            return Err(config.unsupported(format!(
-                "sliding-window attention (sliding_window {:?} < max_position_embeddings {})",
-                self.sliding_window, self.max_position_embeddings
-            )));
-        }
         Ok(heads)
+    }
+
+    /// Each layer's sliding window, as transformers' Mistral and Qwen2 decide it: Mistral's
+    /// window on every layer; Qwen2's, when `use_sliding_window`, on the `sliding_attention`
+    /// layers of `layer_types` (by default those from `max_window_layers` on); Llama has none.
+    pub fn windows(&self, config: &ArchConfig) -> Result<Vec<Option<usize>>> {
+        let layers = self.num_hidden_layers;
+        let window = match self.sliding_window {
+            Some(0) => return Err(config.unsupported("sliding_window is 0")),
+            window => window,
+        };
+        match self.model_type.as_str() {
+            "mistral" => Ok(vec![window; layers]),
+            "qwen2" if self.use_sliding_window && window.is_some() => {
+                let from = self.max_window_layers.unwrap_or(28);
+                let types = match &self.layer_types {
+                    Some(types) => sliding_layers(config, types, layers)?,
+                    None => (0..layers).map(|i| i >= from).collect(),
+                };
+                Ok(types
+                    .into_iter()
+                    .map(|sliding| window.filter(|_| sliding))
+                    .collect())
+            }
+            _ => Ok(vec![None; layers]),
+        }
     }
 
     /// The rotary embedding, from `rope_parameters` or the older `rope_theta` and

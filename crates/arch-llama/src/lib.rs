@@ -6,14 +6,16 @@
 //!
 //! `LlamaForCausalLM` as `transformers` 5.x stores it (`model.embed_tokens`, `model.layers.{i}`,
 //! `model.norm`, `lm_head` unless tied), and the checkpoints that run the same code path under
-//! other `model_type`s: `mistral` without a sliding window shorter than the context, and `qwen2`
-//! (q/k/v biases). Anything else of theirs is refused with the reason.
+//! other `model_type`s: `mistral` (a sliding window on every layer) and `qwen2` (q/k/v biases, a
+//! sliding window on the layers its config names). Anything else of theirs is refused with the
+//! reason.
 
 mod config;
 
 use hookscope_core::nn::{
-    Activation, DecoderLayer, DecoderParts, Embedding, GatedMlp, GatedMlpSpec, HybridDecoder,
-    LayerMixer, Linear, NoOtherMixer, ProjectedAttention, ProjectedAttentionSpec, RmsNorm,
+    Activation, DecoderLayer, DecoderOptions, DecoderParts, Embedding, GatedMlp, GatedMlpSpec,
+    HybridDecoder, LayerMixer, Linear, NoOtherMixer, ProjectedAttention, ProjectedAttentionSpec,
+    RmsNorm, ScoreRules,
 };
 use hookscope_core::{ArchConfig, Architecture, Result, WeightLoader};
 
@@ -26,6 +28,7 @@ pub type Llama = HybridDecoder<NoOtherMixer, GatedMlp>;
 pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<Llama> {
     let config: LlamaConfig = arch_config.parse()?;
     let heads = config.check(arch_config)?;
+    let windows = config.windows(arch_config)?;
     let activation = Activation::from_config(arch_config, "hidden_act", &config.hidden_act)?;
     let rope = config.rope(arch_config)?;
     let h = config.hidden_size;
@@ -43,15 +46,13 @@ pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<L
         .map(|i| {
             let mut layer = model.pp(format!("layers.{i}"));
             let attention = ProjectedAttentionSpec {
-                layer: i,
-                hidden: h,
-                heads: heads.heads,
-                kv_heads: heads.kv_heads,
-                head_dim: heads.head_dim,
                 qkv_bias,
                 o_bias,
-                qk_norm: None,
-                output_gate: false,
+                scores: ScoreRules {
+                    window: windows[i],
+                    ..ScoreRules::default()
+                },
+                ..ProjectedAttentionSpec::new(i, h, heads)
             };
             Ok(DecoderLayer {
                 input_norm: RmsNorm::load(layer.pp("input_layernorm"), h, eps)?,
@@ -61,6 +62,7 @@ pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<L
                 )?)),
                 post_norm: RmsNorm::load(layer.pp("post_attention_layernorm"), h, eps)?,
                 feed_forward: GatedMlp::load(layer.pp("mlp"), &mlp)?,
+                output_norms: None,
             })
         })
         .collect::<Result<_>>()?;
@@ -73,6 +75,7 @@ pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<L
         layers,
         norm,
         lm_head,
+        options: DecoderOptions::default(),
     }))
 }
 

@@ -9,9 +9,9 @@
 
 use hookscope_core::config::{AttentionHeads, ConfigFloat, HeadDim, HeadKeys};
 use hookscope_core::nn::{
-    Activation, DecoderLayer, DecoderParts, Embedding, GatedMlp, GatedMlpSpec, HybridDecoder,
-    LayerMixer, Linear, ProjectedAttention, ProjectedAttentionSpec, RmsNorm, Rope, RopeParameters,
-    RopeRules, RotaryFraction,
+    Activation, DecoderLayer, DecoderOptions, DecoderParts, Embedding, GatedMlp, GatedMlpSpec,
+    HybridDecoder, LayerMixer, Linear, ProjectedAttention, ProjectedAttentionSpec, RmsNorm, Rope,
+    RopeParameters, RopeRules, RotaryFraction,
 };
 use hookscope_core::{ArchConfig, Result, WeightLoader};
 use serde::Deserialize;
@@ -204,15 +204,9 @@ pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<B
             let mut layer = model.pp(format!("layers.{i}"));
             let mixer = if attention_layers.contains(&i) {
                 let spec = ProjectedAttentionSpec {
-                    layer: i,
-                    hidden: h,
-                    heads: attention.heads,
-                    kv_heads: attention.kv_heads,
-                    head_dim: attention.head_dim,
                     qkv_bias: config.attention_bias,
                     o_bias: config.attention_bias,
-                    qk_norm: None,
-                    output_gate: false,
+                    ..ProjectedAttentionSpec::new(i, h, attention)
                 };
                 let attention = ProjectedAttention::load(layer.pp("self_attn"), &spec)?;
                 LayerMixer::Attention(Box::new(attention))
@@ -225,6 +219,7 @@ pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<B
                 mixer,
                 post_norm: RmsNorm::load(layer.pp("pre_ff_layernorm"), h, eps)?,
                 feed_forward: GatedMlp::load(layer.pp("feed_forward"), &mlp)?,
+                output_norms: None,
             })
         })
         .collect::<Result<_>>()?;
@@ -237,5 +232,6 @@ pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<B
         layers,
         norm: final_norm,
         lm_head,
+        options: DecoderOptions::default(),
     }))
 }

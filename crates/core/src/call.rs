@@ -23,6 +23,9 @@ pub struct Call<'a> {
     device: Device,
     position_ids: OnceCell<Tensor<2, Int>>,
     attention_mask: OnceCell<Tensor<4, Bool>>,
+    /// The sliding-window mask and its window (a model has one window; another is computed
+    /// afresh).
+    window_mask: OnceCell<(usize, Tensor<4, Bool>)>,
     token_mask: OnceCell<Tensor<2>>,
     cache: &'a mut ModelCache,
     hooks: Hooks<'a>,
@@ -43,6 +46,7 @@ impl<'a> Call<'a> {
             key_mask,
             position_ids: OnceCell::new(),
             attention_mask: OnceCell::new(),
+            window_mask: OnceCell::new(),
             token_mask: OnceCell::new(),
             cache,
             hooks,
@@ -72,8 +76,24 @@ impl<'a> Call<'a> {
     pub fn attention_mask(&self) -> Tensor<4, Bool> {
         let tokens = self.dims()[1];
         self.attention_mask
-            .get_or_init(|| attention_mask(self.key_mask, tokens, &self.device))
+            .get_or_init(|| attention_mask(self.key_mask, tokens, None, &self.device))
             .clone()
+    }
+
+    /// The attention mask of a layer that sees at most `window` keys, `[B, 1, T, S]` (see
+    /// [`Call::attention_mask`]): also true at keys `window` or more positions before the query.
+    /// `None` is the full mask.
+    pub fn attention_mask_within(&self, window: Option<usize>) -> Tensor<4, Bool> {
+        let Some(window) = window else {
+            return self.attention_mask();
+        };
+        let tokens = self.dims()[1];
+        let compute = || attention_mask(self.key_mask, tokens, Some(window), &self.device);
+        let (cached, mask) = self.window_mask.get_or_init(|| (window, compute()));
+        match *cached == window {
+            true => mask.clone(),
+            false => compute(),
+        }
     }
 
     /// `[B, T]`: 1.0 at this call's real tokens, 0.0 at padding (recurrent mixers zero their

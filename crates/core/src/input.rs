@@ -104,10 +104,13 @@ pub(crate) fn position_ids(
 
 /// The attention mask `[B, 1, T, S]` of such a call, true where a query must not see a key. A
 /// real query sees real keys at or before it; a pad query sees every key at or before it, which
-/// keeps its row finite (its values are never used by a real position).
+/// keeps its row finite (its values are never used by a real position). With a `window`, a
+/// query also sees no key `window` or more positions before it (transformers' sliding-window
+/// mask: positions are indices on the key axis, pads included).
 pub(crate) fn attention_mask(
     key_mask: &[Vec<bool>],
     tokens: usize,
+    window: Option<usize>,
     device: &Device,
 ) -> Tensor<4, Bool> {
     let batch = key_mask.len();
@@ -117,7 +120,12 @@ pub(crate) fn attention_mask(
     for row in key_mask {
         for query in past..positions {
             let query_is_real = row[query];
-            masked.extend((0..positions).map(|key| key > query || (query_is_real && !row[key])));
+            let first_in_window = window.map_or(0, |w| (query + 1).saturating_sub(w));
+            masked.extend(
+                (0..positions).map(|key| {
+                    key > query || key < first_in_window || (query_is_real && !row[key])
+                }),
+            );
         }
     }
     Tensor::from_data(
@@ -151,7 +159,7 @@ mod tests {
         assert_eq!(batch.mask, [vec![true; 3], vec![false, false, true]]);
         let device = Device::default();
         let positions = position_ids(&batch.mask, 3, &device);
-        let mask = attention_mask(&batch.mask, 3, &device);
+        let mask = attention_mask(&batch.mask, 3, None, &device);
         let real = token_mask(&batch.mask, 3, &device);
         assert_eq!(
             real.to_data().try_to_vec::<f32>().unwrap(),
@@ -173,6 +181,21 @@ mod tests {
             &mask[..9],
             &[false, true, true, false, false, true, false, false, false]
         );
+    }
+
+    #[test]
+    fn a_window_hides_keys_that_many_positions_back() {
+        let batch = Batch::left_padded(vec![vec![5, 6, 7, 8], vec![9, 10]], 0).unwrap();
+        let mask = attention_mask(&batch.mask, 4, Some(2), &Device::default());
+        let mask = mask.to_data().try_to_vec::<bool>().unwrap();
+        let visible =
+            |row: &[bool]| -> Vec<usize> { (0..row.len()).filter(|&key| !row[key]).collect() };
+        // Row 0: each query sees itself and the key before it.
+        let rows: Vec<Vec<usize>> = mask[..16].chunks(4).map(visible).collect();
+        assert_eq!(rows, [vec![0], vec![0, 1], vec![1, 2], vec![2, 3]]);
+        // Row 1 (two pads): the window counts key-axis positions, pads included.
+        let rows: Vec<Vec<usize>> = mask[16..].chunks(4).map(visible).collect();
+        assert_eq!(rows, [vec![0], vec![0, 1], vec![2], vec![2, 3]]);
     }
 
     #[test]

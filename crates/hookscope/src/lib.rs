@@ -20,9 +20,12 @@ use hookscope_core::registry::Registration;
 /// Every built-in architecture: the one list the command line, the conformance suite, the tests
 /// and library users share. A new built-in architecture is its crate, an entry here and a
 /// fixture case in `conformance/scripts/make_fixtures.py`.
-pub static BUILTIN: [&Architecture; 8] = [
+pub static BUILTIN: [&Architecture; 11] = [
     &hookscope_arch_gpt2::ARCHITECTURE,
     &hookscope_arch_llama::ARCHITECTURE,
+    &hookscope_arch_gemma::GEMMA,
+    &hookscope_arch_gemma::GEMMA2,
+    &hookscope_arch_gemma::GEMMA3,
     &hookscope_arch_mamba::ARCHITECTURE,
     &hookscope_arch_mamba2::ARCHITECTURE,
     &hookscope_arch_mamba2::BAMBA_ARCHITECTURE,

@@ -178,7 +178,11 @@ def test_sites_lists_the_shape_table(default):
 
 def test_an_interrupt_stops_a_generation_between_steps(default):
     import _thread
+    import signal
 
+    # Python's own SIGINT handler, whatever this process inherited: a shell starts background
+    # jobs with SIGINT ignored, and `interrupt_main` then does nothing.
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     started = []
 
     def interrupt_at_step_3(step):
@@ -188,8 +192,11 @@ def test_an_interrupt_stops_a_generation_between_steps(default):
             # generation runs; raised from inside it, so nothing races the generation.
             _thread.interrupt_main()
 
-    with pytest.raises(KeyboardInterrupt):
-        default.generate("And", max_new_tokens=120, greedy=True, on_step=interrupt_at_step_3)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            default.generate("And", max_new_tokens=120, greedy=True, on_step=interrupt_at_step_3)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     assert started == [0, 1, 2, 3]
 
 

@@ -12,8 +12,8 @@
 use hookscope_core::burn::tensor::Tensor;
 use hookscope_core::config::{AttentionHeads, HeadDim, HeadKeys};
 use hookscope_core::nn::{
-    Activation, Embedding, LayerNorm, Linear, Rotary, SoftmaxAttention, parallel_residual_block,
-    residual_block,
+    Activation, Embedding, LayerNorm, Linear, Rotary, ScoreRules, SoftmaxAttention,
+    parallel_residual_block, residual_block,
 };
 use hookscope_core::nn::{Rope, RopeParameters, RopeRules, RotaryFraction};
 use hookscope_core::schema::LayerSpec;
@@ -111,14 +111,15 @@ impl GptNeox {
         let config: GptNeoxConfig = arch_config.parse()?;
         let activation = Activation::from_config(arch_config, "hidden_act", &config.hidden_act)?;
         let h = config.hidden_size;
-        let AttentionHeads {
-            heads, head_dim, ..
-        } = AttentionHeads::check(
+        let attention_heads = AttentionHeads::check(
             arch_config,
             HeadKeys::LLAMA,
             (h, config.num_attention_heads, None),
             HeadDim::Split,
         )?;
+        let AttentionHeads {
+            heads, head_dim, ..
+        } = attention_heads;
         let rotary = config.rope(arch_config)?.rotary(head_dim);
         let eps = config.layer_norm_eps;
         let bias = config.attention_bias;
@@ -131,13 +132,7 @@ impl GptNeox {
                     input_norm: LayerNorm::load(layer.pp("input_layernorm"), h, eps)?,
                     qkv: Linear::load_torch(layer.pp("attention.query_key_value"), h, 3 * h, bias)?,
                     dense: Linear::load_torch(layer.pp("attention.dense"), h, h, bias)?,
-                    attention: SoftmaxAttention {
-                        layer: i,
-                        heads,
-                        kv_heads: heads,
-                        head_dim,
-                        scale: (head_dim as f64).powf(-0.5),
-                    },
+                    attention: SoftmaxAttention::new(i, attention_heads, ScoreRules::default()),
                     post_attention_norm: LayerNorm::load(
                         layer.pp("post_attention_layernorm"),
                         h,
@@ -187,7 +182,9 @@ impl CausalLm for GptNeox {
         let (cos, sin) = self.rotary.cos_sin(&call.position_ids());
         for (layer, block) in self.blocks.iter().enumerate() {
             let attention = &block.attention;
-            let (heads, head_dim) = (attention.heads, attention.head_dim);
+            let AttentionHeads {
+                heads, head_dim, ..
+            } = attention.heads();
             let mixer = |hidden: Tensor<3>, call: &mut Call<'_>| {
                 // Per head, the fused projection holds [q | k | v], each `head_dim` wide.
                 let qkv = block

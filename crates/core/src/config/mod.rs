@@ -4,6 +4,7 @@
 
 mod heads;
 mod json;
+mod layer_types;
 
 use std::path::{Path, PathBuf};
 
@@ -12,6 +13,7 @@ use serde_json::Value;
 
 pub use heads::{AttentionHeads, HeadDim, HeadKeys};
 pub use json::ConfigFloat;
+pub use layer_types::sliding_layers;
 
 use crate::error::{Error, Result};
 
@@ -60,6 +62,16 @@ impl ArchConfig {
                     .collect()
             })
             .unwrap_or_default()
+    }
+
+    /// The language model's config of a multimodal (`*ForConditionalGeneration`) checkpoint,
+    /// its `text_config` object, if this config has one.
+    pub fn text_config(&self) -> Option<ArchConfig> {
+        let text = self.json.get("text_config").filter(|t| t.is_object())?;
+        Some(ArchConfig {
+            path: self.path.clone(),
+            json: text.clone(),
+        })
     }
 
     /// Deserialises the config into an adapter's own config type, after refusing any integer

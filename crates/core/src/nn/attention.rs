@@ -13,30 +13,72 @@ use burn::tensor::{Tensor, activation};
 use super::{Linear, RmsNorm, Rotary};
 use crate::cache::KvCache;
 use crate::call::Call;
+use crate::config::AttentionHeads;
 use crate::cpu;
 use crate::error::Result;
 use crate::schema::{MixerKind, MixerSite, Site};
 use crate::weights::WeightScope;
 
+/// How a layer's scores `Q Kᵀ` are shaped before the softmax. The default is plain attention:
+/// scaled by `1/sqrt(D)`, no cap, every earlier key visible.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct ScoreRules {
+    /// The factor on `Q Kᵀ` (Gemma's `query_pre_attn_scalar^-0.5`, GPT-2's per-layer
+    /// scalings); `None`: `1/sqrt(D)`.
+    pub scale: Option<f64>,
+    /// Soft-capping after the scale, before the mask: `cap · tanh(s / cap)` (Gemma 2).
+    pub softcap: Option<f64>,
+    /// A sliding window: a query sees the `window` newest keys up to and including itself, the
+    /// others are masked (the key axis still holds the whole context).
+    pub window: Option<usize>,
+}
+
 /// The place, shape and scaling of one softmax-attention layer.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct SoftmaxAttention {
-    /// The layer it belongs to (its sites are `layers.{layer}.self_attn.*`).
-    pub layer: usize,
-    /// Query heads (`NH`).
-    pub heads: usize,
-    /// Key/value heads (`NKV`); `heads` must be a multiple of it.
-    pub kv_heads: usize,
-    /// Head dimension (`D`).
-    pub head_dim: usize,
-    /// Factor applied to `Q Kᵀ`.
-    pub scale: f64,
+    layer: usize,
+    heads: usize,
+    kv_heads: usize,
+    head_dim: usize,
+    scale: f64,
+    softcap: Option<f64>,
+    window: Option<usize>,
 }
 
 impl SoftmaxAttention {
+    /// The attention of `layer` (its sites are `layers.{layer}.self_attn.*`) with these heads,
+    /// its scores shaped by `rules`.
+    pub fn new(layer: usize, heads: AttentionHeads, rules: ScoreRules) -> Self {
+        SoftmaxAttention {
+            layer,
+            heads: heads.heads,
+            kv_heads: heads.kv_heads,
+            head_dim: heads.head_dim,
+            scale: rules
+                .scale
+                .unwrap_or_else(|| (heads.head_dim as f64).powf(-0.5)),
+            softcap: rules.softcap,
+            window: rules.window,
+        }
+    }
+
     /// The mixer kind a layout declares for this layer.
     pub fn kind(&self) -> MixerKind {
         MixerKind::SoftmaxAttention {
+            heads: self.heads,
+            kv_heads: self.kv_heads,
+            head_dim: self.head_dim,
+        }
+    }
+
+    /// The sliding window, if the layer has one.
+    pub fn window(&self) -> Option<usize> {
+        self.window
+    }
+
+    /// Its query and key/value heads and their size.
+    pub fn heads(&self) -> AttentionHeads {
+        AttentionHeads {
             heads: self.heads,
             kv_heads: self.kv_heads,
             head_dim: self.head_dim,
@@ -73,12 +115,13 @@ impl SoftmaxAttention {
 
         let [batch, heads, tokens, _] = queries.dims();
         let positions = keys.dims()[2];
-        let mask = call.attention_mask();
+        let mask = call.attention_mask_within(self.window);
 
         let explicit = call.observes(site(MixerSite::AttentionScores))
             || call.observes(site(MixerSite::AttentionProbabilities));
         let scale = self.scale as f32;
-        let fused = match explicit {
+        // The CPU kernels compute uncapped scores.
+        let fused = match explicit || self.softcap.is_some() {
             true => None,
             false => cpu::decode_attention(&queries, &keys, &values, &mask, scale)
                 .or_else(|| cpu::prompt_attention(&queries, &keys, &values, &mask, scale)),
@@ -90,6 +133,10 @@ impl SoftmaxAttention {
                 let mask = mask.expand([batch, heads, tokens, positions]);
                 if explicit {
                     let scores = queries.matmul(keys.swap_dims(2, 3)) * self.scale;
+                    let scores = match self.softcap {
+                        Some(cap) => activation::tanh(scores / cap) * cap,
+                        None => scores,
+                    };
                     let scores = scores.mask_fill(mask, f32::NEG_INFINITY);
                     let scores = call.visit(site(MixerSite::AttentionScores), scores)?;
                     let probabilities = activation::softmax(scores, 3);
@@ -99,6 +146,7 @@ impl SoftmaxAttention {
                 } else {
                     let options = AttentionModuleOptions {
                         scale: Some(self.scale),
+                        softcap: self.softcap,
                         ..Default::default()
                     };
                     attention(queries, keys, values, Some(mask), None, options)
@@ -132,12 +180,8 @@ pub struct ProjectedAttentionSpec {
     pub layer: usize,
     /// Hidden size.
     pub hidden: usize,
-    /// Query heads (`NH`).
-    pub heads: usize,
-    /// Key/value heads (`NKV`).
-    pub kv_heads: usize,
-    /// Head dimension (`D`).
-    pub head_dim: usize,
+    /// Query and key/value heads and their size.
+    pub heads: AttentionHeads,
     /// Biases on the query, key and value projections.
     pub qkv_bias: bool,
     /// Bias on the output projection.
@@ -147,6 +191,25 @@ pub struct ProjectedAttentionSpec {
     /// Whether `q_proj` also yields an output gate (per head `[query | gate]`):
     /// `sigmoid(gate)` scales the merged head outputs before `o_proj` (Qwen3-Next).
     pub output_gate: bool,
+    /// How the scores are scaled, capped and windowed.
+    pub scores: ScoreRules,
+}
+
+impl ProjectedAttentionSpec {
+    /// Plain attention of `layer` in a model of `hidden` size: no biases, norms or gate,
+    /// [`ScoreRules::default`]. Set the fields that differ with struct update syntax.
+    pub fn new(layer: usize, hidden: usize, heads: AttentionHeads) -> Self {
+        ProjectedAttentionSpec {
+            layer,
+            hidden,
+            heads,
+            qkv_bias: false,
+            o_bias: false,
+            qk_norm: None,
+            output_gate: false,
+            scores: ScoreRules::default(),
+        }
+    }
 }
 
 /// How queries and keys are normalised per head.
@@ -174,21 +237,21 @@ pub struct ProjectedAttention {
 }
 
 impl ProjectedAttention {
-    /// Loads the scope's `q_proj` ... `o_proj` (torch layouts); scores scale by
-    /// `1/sqrt(head_dim)`.
+    /// Loads the scope's `q_proj` ... `o_proj` (torch layouts).
     pub fn load(mut scope: WeightScope<'_, '_>, spec: &ProjectedAttentionSpec) -> Result<Self> {
         let ProjectedAttentionSpec {
             layer,
             hidden,
             heads,
-            kv_heads,
-            head_dim,
             qkv_bias,
             o_bias,
             qk_norm,
             output_gate,
+            scores,
         } = *spec;
-        let query_width = if output_gate { 2 } else { 1 } * heads * head_dim;
+        let head_dim = heads.head_dim;
+        let query_width = if output_gate { 2 } else { 1 } * heads.heads * head_dim;
+        let kv_width = heads.kv_heads * head_dim;
         let qk_norm = match qk_norm {
             None => None,
             Some(QkNorm { eps, unit_offset }) => {
@@ -206,19 +269,18 @@ impl ProjectedAttention {
             |part: &str, d_in, d_out, bias| Linear::load_torch(scope.pp(part), d_in, d_out, bias);
         Ok(ProjectedAttention {
             q_proj: linear("q_proj", hidden, query_width, qkv_bias)?,
-            k_proj: linear("k_proj", hidden, kv_heads * head_dim, qkv_bias)?,
-            v_proj: linear("v_proj", hidden, kv_heads * head_dim, qkv_bias)?,
-            o_proj: linear("o_proj", heads * head_dim, hidden, o_bias)?,
+            k_proj: linear("k_proj", hidden, kv_width, qkv_bias)?,
+            v_proj: linear("v_proj", hidden, kv_width, qkv_bias)?,
+            o_proj: linear("o_proj", heads.heads * head_dim, hidden, o_bias)?,
             qk_norm,
             output_gate,
-            attention: SoftmaxAttention {
-                layer,
-                heads,
-                kv_heads,
-                head_dim,
-                scale: (head_dim as f64).powf(-0.5),
-            },
+            attention: SoftmaxAttention::new(layer, heads, scores),
         })
+    }
+
+    /// The sliding window, if the layer has one.
+    pub fn window(&self) -> Option<usize> {
+        self.attention.window
     }
 
     /// The mixer kind a layout declares for this layer.

@@ -1,11 +1,13 @@
 //! The pre-norm decoder of Llama and of Llama-style hybrids (Bamba, Qwen3-Next, Qwen3.5): each
 //! layer is softmax attention with rotary positions or another sequence mixer, followed by a
-//! feed-forward part, both behind RMSNorms and residual adds. The decoder is a [`CausalLm`]
-//! itself, its layout read off its layers.
+//! feed-forward part, both behind RMSNorms and residual adds. Gemma's additions are options:
+//! norms on both parts' outputs before their adds (the "sandwich"), a scaled embedding, a
+//! rotary of its own for sliding-window layers, a soft-capped head. The decoder is a
+//! [`CausalLm`] itself, its layout read off its layers.
 
 use std::cell::OnceCell;
 
-use burn::tensor::Tensor;
+use burn::tensor::{Tensor, activation};
 
 use super::{Embedding, GatedMlp, Linear, ProjectedAttention, RmsNorm, Rotary, SparseMoe};
 use crate::adapter::CausalLm;
@@ -72,7 +74,9 @@ impl<M: Mixer> LayerMixer<M> {
     }
 }
 
-/// One layer: `h + mixer(input_norm(h))`, then `h + feed_forward(post_norm(h))`.
+/// One layer: `h + mixer(input_norm(h))`, then `h + feed_forward(post_norm(h))`; with
+/// output norms, `h + output_norms.mixer(mixer(input_norm(h)))` and likewise for the
+/// feed-forward part.
 pub struct DecoderLayer<M, F> {
     /// The norm before the mixer.
     pub input_norm: RmsNorm,
@@ -82,6 +86,30 @@ pub struct DecoderLayer<M, F> {
     pub post_norm: RmsNorm,
     /// The feed-forward part.
     pub feed_forward: F,
+    /// Norms of both parts' outputs before their residual adds, if the layer has them.
+    pub output_norms: Option<OutputNorms>,
+}
+
+/// The norms a sandwich-norm layer (Gemma 2 and 3) applies to its parts' outputs: what they
+/// return is what the layer adds to the residual stream (`attention_output`, `mlp_output`).
+pub struct OutputNorms {
+    /// After the mixer (Gemma's `post_attention_layernorm`).
+    pub mixer: RmsNorm,
+    /// After the feed-forward part (`post_feedforward_layernorm`).
+    pub feed_forward: RmsNorm,
+}
+
+/// What a decoder does beyond Llama's; the default does none of it.
+#[derive(Debug, Clone, Default)]
+pub struct DecoderOptions {
+    /// The factor on the embeddings before layer 0 (Gemma: `sqrt(hidden)` in f32, the
+    /// activations' dtype).
+    pub embedding_scale: Option<f32>,
+    /// The rotary of the sliding-window attention layers, where it differs from the others'
+    /// (Gemma 3's local base).
+    pub sliding_rotary: Option<Rotary>,
+    /// Soft-capping of the logits: `cap · tanh(logits / cap)` (Gemma 2).
+    pub logit_softcap: Option<f64>,
 }
 
 /// The parts of a [`HybridDecoder`], as an adapter loads them.
@@ -96,6 +124,8 @@ pub struct DecoderParts<M, F> {
     pub norm: RmsNorm,
     /// The language-model head.
     pub lm_head: Linear,
+    /// What the decoder does beyond Llama's.
+    pub options: DecoderOptions,
 }
 
 /// A decoder: embeddings, layers, final norm and head, with the layout they declare.
@@ -136,30 +166,48 @@ impl<M: Mixer, F: FeedForward> CausalLm for HybridDecoder<M, F> {
     /// One call, serving `token_embeddings` and every layer's sites in contract order.
     fn forward(&self, call: &mut Call<'_>) -> Result<Tensor<3>> {
         let parts = &self.parts;
+        let options = &parts.options;
         let embeddings = parts.embed_tokens.forward(call.input_ids());
+        let embeddings = match options.embedding_scale {
+            Some(scale) => embeddings * scale,
+            None => embeddings,
+        };
         let mut hidden = call.visit(Site::TokenEmbeddings, embeddings)?;
-        // Computed by the first attention layer, shared by the others.
-        let rotary = OnceCell::new();
+        // Computed by the first attention layer of each kind, shared by the others.
+        let (rotary, sliding_rotary) = (OnceCell::new(), OnceCell::new());
         for (index, layer) in parts.layers.iter().enumerate() {
+            let norms = layer.output_norms.as_ref();
             hidden = residual_block(
                 index,
                 hidden,
                 call,
                 |hidden, call| {
                     let x = layer.input_norm.forward(hidden);
-                    match &layer.mixer {
+                    let mixed = match &layer.mixer {
                         LayerMixer::Attention(attention) => {
-                            let rotary =
-                                rotary.get_or_init(|| parts.rotary.cos_sin(&call.position_ids()));
-                            attention.forward(x, rotary, call)
+                            let cos_sin = match (&options.sliding_rotary, attention.window()) {
+                                (Some(sliding), Some(_)) => sliding_rotary
+                                    .get_or_init(|| sliding.cos_sin(&call.position_ids())),
+                                _ => rotary
+                                    .get_or_init(|| parts.rotary.cos_sin(&call.position_ids())),
+                            };
+                            attention.forward(x, cos_sin, call)?
                         }
-                        LayerMixer::Other(mixer) => mixer.mix(x, call),
-                    }
+                        LayerMixer::Other(mixer) => mixer.mix(x, call)?,
+                    };
+                    Ok(match norms {
+                        Some(norms) => norms.mixer.forward(mixed),
+                        None => mixed,
+                    })
                 },
                 Some(|hidden| {
-                    layer
+                    let out = layer
                         .feed_forward
-                        .feed_forward(layer.post_norm.forward(hidden))
+                        .feed_forward(layer.post_norm.forward(hidden))?;
+                    Ok(match norms {
+                        Some(norms) => norms.feed_forward.forward(out),
+                        None => out,
+                    })
                 }),
             )?;
         }
@@ -167,6 +215,10 @@ impl<M: Mixer, F: FeedForward> CausalLm for HybridDecoder<M, F> {
     }
 
     fn unembed(&self, hidden: Tensor<3>) -> Tensor<3> {
-        self.parts.lm_head.forward(self.parts.norm.forward(hidden))
+        let logits = self.parts.lm_head.forward(self.parts.norm.forward(hidden));
+        match self.parts.options.logit_softcap {
+            Some(cap) => activation::tanh(logits / cap) * cap,
+            None => logits,
+        }
     }
 }

@@ -18,12 +18,15 @@ mod rotary;
 mod selective_scan;
 
 pub use activation::Activation;
-pub use attention::{ProjectedAttention, ProjectedAttentionSpec, QkNorm, SoftmaxAttention};
+pub use attention::{
+    ProjectedAttention, ProjectedAttentionSpec, QkNorm, ScoreRules, SoftmaxAttention,
+};
 pub use block::{parallel_residual_block, residual_block};
 pub use conv::CausalConv1d;
 pub use decay::{decay_matrix, pairwise_decay};
 pub use decoder::{
-    DecoderLayer, DecoderParts, FeedForward, HybridDecoder, LayerMixer, Mixer, NoOtherMixer,
+    DecoderLayer, DecoderOptions, DecoderParts, FeedForward, HybridDecoder, LayerMixer, Mixer,
+    NoOtherMixer, OutputNorms,
 };
 pub use elementwise::{exp, sigmoid, silu, softmax_last};
 pub use embedding::Embedding;

@@ -95,7 +95,8 @@ pub enum LayerSite {
     LayerInput,
     /// An interior value of the block's sequence mixer.
     Mixer(MixerNamespace, MixerSite),
-    /// Output of the sequence mixer, before the residual add.
+    /// What the sequence mixer adds to the residual stream (after a post-norm, where the
+    /// block has one).
     AttentionOutput,
     /// Output of the MLP.
     MlpOutput,
@@ -145,7 +146,7 @@ pub enum Site {
         /// The site within the block.
         site: LayerSite,
     },
-    /// `logits`: the language-model head output.
+    /// `logits`: the language-model head output (after any final soft-cap).
     Logits,
     /// `next_token_probs`: softmax of the last position's logits.
     NextTokenProbs,

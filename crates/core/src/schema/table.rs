@@ -71,23 +71,30 @@ impl OuterSite {
             OuterSite::TokenEmbeddings => row(
                 self,
                 &[B, T, H],
-                "output of the token embedding table, before positions or scaling",
+                "rows of the token embedding table, times the architecture's embedding scale \
+                 (Gemma: sqrt(H)); before learned positions are added (GPT-2's `wpe`)",
             ),
             OuterSite::LayerInput => row(self, &[B, T, H], "residual stream entering block i"),
             OuterSite::AttentionOutput => row(
                 self,
                 &[B, T, H],
-                "output of block i's sequence mixer, before the residual add",
+                "what block i's sequence mixer adds to the residual stream: its output, after \
+                 the block's post-norm where it has one (Gemma 2 and 3)",
             ),
             OuterSite::MlpOutput => row(
                 self,
                 &[B, T, H],
-                "output of block i's MLP (absent where the block has none, e.g. Mamba; for a \
+                "what block i's MLP adds to the residual stream, after a post-norm where the \
+                 block has one (absent where the block has none, e.g. Mamba; for a \
                  mixture-of-experts block, the whole block's output: routed experts plus any \
                  shared expert)",
             ),
             OuterSite::LayerOutput => row(self, &[B, T, H], "residual stream leaving block i"),
-            OuterSite::Logits => row(self, &[B, T, V], "language-model head output"),
+            OuterSite::Logits => row(
+                self,
+                &[B, T, V],
+                "language-model head output, after any final soft-cap (Gemma 2)",
+            ),
             OuterSite::NextTokenProbs => row(
                 self,
                 &[B, V],
@@ -121,7 +128,8 @@ const SOFTMAX_ATTENTION: [SiteRow<MixerSite>; 6] = [
     row(
         AttentionKeys,
         &[B, NKV, S, D],
-        "keys of the whole cache after this call's append (rotary applied)",
+        "keys of the whole cache after this call's append (rotary applied; every position, \
+         on sliding-window layers too)",
     ),
     row(
         AttentionValues,
@@ -131,7 +139,8 @@ const SOFTMAX_ATTENTION: [SiteRow<MixerSite>; 6] = [
     row(
         AttentionScores,
         &[B, NH, T, S],
-        "scaled scores after the causal/padding mask (masked entries `-inf`), before softmax",
+        "what enters the softmax: `Q Kᵀ` times the layer's scale, soft-capped where the \
+         model caps scores (Gemma 2), then masked (causal, padding, sliding window: `-inf`)",
     ),
     row(
         AttentionProbabilities,
