@@ -63,6 +63,8 @@ from transformers import (
     MistralForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen3Config,
+    Qwen3ForCausalLM,
 )
 from transformers.models.bamba import modeling_bamba
 from transformers.models.mamba import modeling_mamba
@@ -500,7 +502,7 @@ def make_gemma_models():
 
 def make_window_models():
     """The Llama family's sliding windows, shorter than the prompt: Mistral's on every layer,
-    Qwen2's on the layers from `max_window_layers` on."""
+    Qwen2's and Qwen3's on the layers from `max_window_layers` on."""
     vocab = 96
     generator = torch.Generator().manual_seed(37)
     prompts = [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in (7, 4)]
@@ -510,6 +512,9 @@ def make_window_models():
     cases = {
         "mistral-window": (MistralConfig, MistralForCausalLM, dict()),
         "qwen2-window": (Qwen2Config, Qwen2ForCausalLM, dict(use_sliding_window=True, max_window_layers=1)),
+        # Qwen3: per-head q/k norms, a head size other than hidden / heads, untied.
+        "qwen3-window-headdim": (Qwen3Config, Qwen3ForCausalLM, dict(
+            use_sliding_window=True, max_window_layers=1, head_dim=10, tie_word_embeddings=False)),
     }
     for seed, (name, (config_class, model_class, config)) in enumerate(cases.items()):
         model = build_model(800 + seed, config_class, model_class, **common, **config)

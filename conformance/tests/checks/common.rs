@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use hookscope::{Model, ModelSource};
+use hookscope::{Interventions, MixerSite, Model, ModelSource, Site, Steps};
 use hookscope_conformance::fixtures_dir;
 use safetensors::SafeTensors;
 use safetensors::tensor::{Dtype, TensorView};
@@ -82,4 +82,23 @@ pub fn max_diff(a: &[f32], b: &[f32]) -> f32 {
         .zip(b)
         .map(|(x, y)| (x - y).abs())
         .fold(0.0, f32::max)
+}
+
+/// Loads `config` (a released `config.json`, cut down) with random weights, runs three tokens
+/// (finite logits) and returns the model and its last layer's `attention_keys` shape.
+pub fn random_run(config: &str) -> (Model, Vec<usize>) {
+    let model = Model::random_from_config(config, 5, &hookscope_conformance::test_device())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let last = model.layout().layers.len() - 1;
+    let keys = Site::self_attn(last, MixerSite::AttentionKeys);
+    let trace = model
+        .trace(
+            &model.batch(vec![vec![2, 10, 20]]).unwrap(),
+            &Interventions::new().save(keys, Steps::At(0)),
+        )
+        .unwrap();
+    let logits = floats(trace.logits().unwrap().to_data());
+    assert!(logits.iter().all(|v| v.is_finite()));
+    let shape = trace.saved.get(keys, 0).unwrap().shape();
+    (model, shape)
 }

@@ -3,7 +3,7 @@
 //! leaving most keys to their defaults), at a few of its layers and a 512-token vocabulary (the
 //! full vocabularies would allocate gigabytes of random weights), loads and runs.
 
-use crate::common::{floats, load_fixture, max_diff};
+use crate::common::{floats, load_fixture, max_diff, random_run};
 use hookscope::hooks::{Action, Index, Write};
 use hookscope::{Interventions, MixerSite, Model, Site, Steps};
 
@@ -82,25 +82,6 @@ const GEMMA_3_4B: &str = r#"{
     "patch_size": 14, "vision_use_head": false}
 }"#;
 
-/// Loads `config` with random weights, runs three tokens and returns the model and the last
-/// layer's key shape.
-fn load_and_run(config: &str) -> (Model, Vec<usize>) {
-    let model = Model::random_from_config(config, 5, &hookscope_conformance::test_device())
-        .unwrap_or_else(|e| panic!("{e}"));
-    let last = model.layout().layers.len() - 1;
-    let keys = Site::self_attn(last, MixerSite::AttentionKeys);
-    let trace = model
-        .trace(
-            &model.batch(vec![vec![2, 10, 20]]).unwrap(),
-            &Interventions::new().save(keys, Steps::At(0)),
-        )
-        .unwrap();
-    let logits = floats(trace.logits().unwrap().to_data());
-    assert!(logits.iter().all(|v| v.is_finite()));
-    let shape = trace.saved.get(keys, 0).unwrap().shape();
-    (model, shape)
-}
-
 #[test]
 fn released_gemma_configs_load_and_run() {
     for (name, config, arch, kv_heads) in [
@@ -110,7 +91,7 @@ fn released_gemma_configs_load_and_run() {
         ("gemma-3-1b-pt", GEMMA_3_1B, "gemma3", 1),
         ("gemma-3-4b-pt", GEMMA_3_4B, "gemma3", 4),
     ] {
-        let (model, keys) = load_and_run(config);
+        let (model, keys) = random_run(config);
         assert_eq!(model.architecture().name, arch, "{name}");
         assert_eq!(keys, [1, kv_heads, 3, 256], "{name}");
         let notes = &model.load_report().notes;

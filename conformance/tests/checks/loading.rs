@@ -269,3 +269,38 @@ fn grouped_query_heads_must_divide() {
     let error = error_of(load(dir.path()));
     assert!(error.to_string().contains("num_key_value_heads"), "{error}");
 }
+
+/// `Qwen/Qwen3-0.6B` as released (tied, 16 query / 8 key-value heads of 128 beside a hidden
+/// size of 1024), at 2 of its 28 layers and a 512-token vocabulary.
+const QWEN3_0_6B: &str = r#"{
+  "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 1024, "initializer_range": 0.02, "intermediate_size": 3072,
+  "max_position_embeddings": 40960, "max_window_layers": 28, "model_type": "qwen3",
+  "num_attention_heads": 16, "num_hidden_layers": 2, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000,
+  "sliding_window": null, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+  "use_cache": true, "use_sliding_window": false, "vocab_size": 512
+}"#;
+
+/// `Qwen/Qwen3-8B` as released (untied, 32 query / 8 key-value heads of 128), at 1 of its 36
+/// layers and a 512-token vocabulary.
+const QWEN3_8B: &str = r#"{
+  "architectures": ["Qwen3ForCausalLM"], "attention_bias": false, "attention_dropout": 0.0,
+  "bos_token_id": 151643, "eos_token_id": 151645, "head_dim": 128, "hidden_act": "silu",
+  "hidden_size": 4096, "initializer_range": 0.02, "intermediate_size": 12288,
+  "max_position_embeddings": 40960, "max_window_layers": 36, "model_type": "qwen3",
+  "num_attention_heads": 32, "num_hidden_layers": 1, "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06, "rope_scaling": null, "rope_theta": 1000000,
+  "sliding_window": null, "tie_word_embeddings": false, "torch_dtype": "bfloat16",
+  "use_cache": true, "use_sliding_window": false, "vocab_size": 512
+}"#;
+
+#[test]
+fn released_qwen3_configs_load_and_run() {
+    for (config, kv_heads) in [(QWEN3_0_6B, 8), (QWEN3_8B, 8)] {
+        let (model, keys) = crate::common::random_run(config);
+        assert_eq!(model.architecture().name, "llama");
+        assert_eq!(keys, [1, kv_heads, 3, 128]);
+    }
+}

@@ -1,14 +1,14 @@
 //! `config.json` of Llama-family checkpoints, and what of it this adapter can run.
 
 use hookscope_core::config::{AttentionHeads, HeadDim, HeadKeys, sliding_layers};
-use hookscope_core::nn::{Rope, RopeParameters, RopeRules, RotaryFraction};
+use hookscope_core::nn::{QkNorm, Rope, RopeParameters, RopeRules, RotaryFraction};
 use hookscope_core::{ArchConfig, Result};
 use serde::Deserialize;
 
 /// The fields the forward pass depends on.
 #[derive(Debug, Clone, Deserialize)]
 pub struct LlamaConfig {
-    /// `llama`, `mistral` or `qwen2`.
+    /// `llama`, `mistral`, `qwen2` or `qwen3`.
     pub model_type: String,
     /// Vocabulary size.
     pub vocab_size: usize,
@@ -23,7 +23,7 @@ pub struct LlamaConfig {
     /// Key/value heads (grouped-query attention); defaults to the query heads.
     #[serde(default)]
     pub num_key_value_heads: Option<usize>,
-    /// Head dimension; defaults to `hidden_size / num_attention_heads`.
+    /// Head dimension; defaults to `hidden_size / num_attention_heads` (Qwen3: 128).
     #[serde(default)]
     pub head_dim: Option<usize>,
     /// Longest sequence.
@@ -50,10 +50,10 @@ pub struct LlamaConfig {
     /// Qwen2's switch for its sliding window.
     #[serde(default)]
     pub use_sliding_window: bool,
-    /// Qwen2: the layers below this index attend to the whole context.
+    /// Qwen2/3: the layers below this index attend to the whole context.
     #[serde(default)]
     pub max_window_layers: Option<usize>,
-    /// Qwen2: `sliding_attention` or `full_attention` per layer.
+    /// Qwen2/3: `sliding_attention` or `full_attention` per layer.
     #[serde(default)]
     pub layer_types: Option<Vec<String>>,
     /// Old-style rotary base.
@@ -78,10 +78,19 @@ fn default_act() -> String {
 }
 
 impl LlamaConfig {
+    /// Per-head RMSNorm of queries and keys (Qwen3's `q_norm`/`k_norm`), if the model has it.
+    pub fn qk_norm(&self) -> Option<QkNorm> {
+        (self.model_type == "qwen3").then_some(QkNorm {
+            eps: self.rms_norm_eps,
+            unit_offset: false,
+        })
+    }
+
     /// Whether q/k/v carry biases, and whether o does.
     pub fn attention_biases(&self) -> (bool, bool) {
         match self.model_type.as_str() {
             "qwen2" => (true, false),
+            // Qwen3's `attention_bias` covers q/k/v/o, as Llama's does.
             _ => (self.attention_bias, self.attention_bias),
         }
     }
@@ -96,7 +105,10 @@ impl LlamaConfig {
                 self.num_attention_heads,
                 self.num_key_value_heads,
             ),
-            HeadDim::Declared(self.head_dim),
+            HeadDim::Declared(match self.model_type.as_str() {
+                "qwen3" => Some(self.head_dim.unwrap_or(128)),
+                _ => self.head_dim,
+            }),
         )?;
         if self.pretraining_tp.unwrap_or(1) > 1 {
             return Err(config.unsupported("pretraining_tp > 1"));
@@ -104,8 +116,8 @@ impl LlamaConfig {
         Ok(heads)
     }
 
-    /// Each layer's sliding window, as transformers' Mistral and Qwen2 decide it: Mistral's
-    /// window on every layer; Qwen2's, when `use_sliding_window`, on the `sliding_attention`
+    /// Each layer's sliding window, as transformers' Mistral and Qwen2/3 decide it: Mistral's
+    /// window on every layer; Qwen2's and Qwen3's, when `use_sliding_window`, on the `sliding_attention`
     /// layers of `layer_types` (by default those from `max_window_layers` on); Llama has none.
     pub fn windows(&self, config: &ArchConfig) -> Result<Vec<Option<usize>>> {
         let layers = self.num_hidden_layers;
@@ -115,7 +127,7 @@ impl LlamaConfig {
         };
         match self.model_type.as_str() {
             "mistral" => Ok(vec![window; layers]),
-            "qwen2" if self.use_sliding_window && window.is_some() => {
+            "qwen2" | "qwen3" if self.use_sliding_window && window.is_some() => {
                 let from = self.max_window_layers.unwrap_or(28);
                 let types = match &self.layer_types {
                     Some(types) => sliding_layers(config, types, layers)?,

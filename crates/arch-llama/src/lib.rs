@@ -6,9 +6,9 @@
 //!
 //! `LlamaForCausalLM` as `transformers` 5.x stores it (`model.embed_tokens`, `model.layers.{i}`,
 //! `model.norm`, `lm_head` unless tied), and the checkpoints that run the same code path under
-//! other `model_type`s: `mistral` (a sliding window on every layer) and `qwen2` (q/k/v biases, a
-//! sliding window on the layers its config names). Anything else of theirs is refused with the
-//! reason.
+//! other `model_type`s: `mistral` (a sliding window on every layer), `qwen2` (q/k/v biases, a
+//! sliding window on the layers its config names) and `qwen3` (Qwen2's windows, per-head q/k
+//! RMSNorm, a head size of its own). Anything else of theirs is refused with the reason.
 
 mod config;
 
@@ -48,6 +48,7 @@ pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<L
             let attention = ProjectedAttentionSpec {
                 qkv_bias,
                 o_bias,
+                qk_norm: config.qk_norm(),
                 scores: ScoreRules {
                     window: windows[i],
                     ..ScoreRules::default()
@@ -79,12 +80,17 @@ pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<L
     }))
 }
 
-/// Llama (and the Mistral and Qwen2 checkpoints that run the same code path), as the registry
+/// Llama (and the Mistral, Qwen2 and Qwen3 checkpoints that run the same code path), as the registry
 /// lists it.
 pub static ARCHITECTURE: Architecture = Architecture {
     name: "llama",
-    model_types: &["llama", "mistral", "qwen2"],
-    architectures: &["LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM"],
+    model_types: &["llama", "mistral", "qwen2", "qwen3"],
+    architectures: &[
+        "LlamaForCausalLM",
+        "MistralForCausalLM",
+        "Qwen2ForCausalLM",
+        "Qwen3ForCausalLM",
+    ],
     load: |config, loader| Ok(Box::new(load(config, loader)?)),
     tiny_config: r#"{"model_type": "llama", "vocab_size": 61, "hidden_size": 16,
         "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4,
