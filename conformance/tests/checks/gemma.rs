@@ -131,3 +131,63 @@ fn an_edit_of_a_key_outside_the_window_changes_nothing() {
     let full = last_logits_with_first_key_zeroed(&model, Some(1));
     assert!(max_diff(&full, &clean) > 1e-4);
 }
+
+/// Every logit of a prompt call of a tiny random model of `config` with `extra` keys added,
+/// and the load's notes.
+fn tiny_logits(config: &str, extra: &str) -> (Vec<f32>, Vec<String>) {
+    let config = config.replacen('{', &format!("{{{extra}"), 1);
+    let model = Model::random_from_config(&config, 3, &hookscope_conformance::test_device())
+        .unwrap_or_else(|e| panic!("{e}"));
+    let trace = model
+        .trace(
+            &model.batch(vec![vec![1, 5, 9, 2]]).unwrap(),
+            &Interventions::new(),
+        )
+        .unwrap();
+    let logits = floats(trace.logits().unwrap().to_data());
+    (logits, model.load_report().notes.clone())
+}
+
+/// A soft-cap key left out takes the generation's default, as transformers 5.24's configs do:
+/// Gemma 2 caps logits at 30 and scores at 50, Gemma 3 caps neither; `null` is no cap. Gemma 3's
+/// attention ignores `attn_logit_softcapping` (as transformers' does), with a note.
+#[test]
+fn absent_soft_caps_take_each_generations_default() {
+    let gemma2 = tiny_config_without_caps("gemma2");
+    let (absent, _) = tiny_logits(&gemma2, "");
+    let (defaults, _) = tiny_logits(
+        &gemma2,
+        r#""final_logit_softcapping": 30.0, "attn_logit_softcapping": 50.0, "#,
+    );
+    let (uncapped, _) = tiny_logits(
+        &gemma2,
+        r#""final_logit_softcapping": null, "attn_logit_softcapping": null, "#,
+    );
+    assert_eq!(absent, defaults);
+    assert_ne!(absent, uncapped);
+
+    let gemma3 = tiny_config_without_caps("gemma3_text");
+    let (absent, _) = tiny_logits(&gemma3, "");
+    let (null, _) = tiny_logits(&gemma3, r#""final_logit_softcapping": null, "#);
+    let (capped, _) = tiny_logits(&gemma3, r#""final_logit_softcapping": 30.0, "#);
+    assert_eq!(absent, null);
+    assert_ne!(absent, capped);
+    let (scores_capped, notes) = tiny_logits(&gemma3, r#""attn_logit_softcapping": 1.0, "#);
+    assert_eq!(absent, scores_capped);
+    assert!(
+        notes
+            .iter()
+            .any(|n| n.contains("attn_logit_softcapping is ignored")),
+        "{notes:?}"
+    );
+}
+
+/// A tiny config of `model_type` without any soft-cap key.
+fn tiny_config_without_caps(model_type: &str) -> String {
+    format!(
+        r#"{{"model_type": "{model_type}", "vocab_size": 61, "hidden_size": 16,
+        "intermediate_size": 24, "num_hidden_layers": 2, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 6, "query_pre_attn_scalar": 8,
+        "sliding_window": 3, "max_position_embeddings": 64, "eos_token_id": 60}}"#
+    )
+}

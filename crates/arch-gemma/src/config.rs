@@ -1,7 +1,7 @@
 //! `config.json` of Gemma checkpoints, read as transformers 5.24 reads each generation's, with
 //! its defaults where a key is absent.
 
-use hookscope_core::config::{AttentionHeads, HeadDim, HeadKeys, sliding_layers};
+use hookscope_core::config::{AttentionHeads, HeadDim, HeadKeys, layer_windows, sliding_layers};
 use hookscope_core::nn::{Activation, Rope, RopeParameters, RopeRules, RotaryFraction};
 use hookscope_core::{ArchConfig, Result};
 use serde::Deserialize;
@@ -85,12 +85,12 @@ pub struct GemmaConfig {
     /// The hub's older form of `layer_types` (Gemma 3): every `n`-th layer is full.
     #[serde(default)]
     pub sliding_window_pattern: Option<usize>,
-    /// Soft-cap of the logits (Gemma 2: 30 by default).
-    #[serde(default = "default_logit_softcap")]
-    pub final_logit_softcapping: Option<f64>,
-    /// Soft-cap of the attention scores (Gemma 2: 50 by default).
-    #[serde(default = "default_score_softcap")]
-    pub attn_logit_softcapping: Option<f64>,
+    /// Soft-cap of the logits (absent: Gemma 2's default 30, Gemma 3's none).
+    #[serde(default)]
+    pub final_logit_softcapping: Cap,
+    /// Soft-cap of the attention scores (absent: Gemma 2's default 50, Gemma 3's none).
+    #[serde(default)]
+    pub attn_logit_softcapping: Cap,
     /// Bidirectional attention (unsupported).
     #[serde(default)]
     pub use_bidirectional_attention: Option<bool>,
@@ -114,11 +114,31 @@ fn default_eps() -> f64 {
 fn default_window() -> Option<usize> {
     Some(4096)
 }
-fn default_logit_softcap() -> Option<f64> {
-    Some(30.0)
+
+/// A soft-cap key, whose absence means the generation's default and whose `null` means no cap.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub enum Cap {
+    /// The key is absent.
+    #[default]
+    Absent,
+    /// The key holds this value (`null`: none).
+    Set(Option<f64>),
 }
-fn default_score_softcap() -> Option<f64> {
-    Some(50.0)
+
+impl<'de> Deserialize<'de> for Cap {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Option::<f64>::deserialize(deserializer).map(Cap::Set)
+    }
+}
+
+impl Cap {
+    /// The cap, `default` where the key is absent.
+    fn or(self, default: Option<f64>) -> Option<f64> {
+        match self {
+            Cap::Absent => default,
+            Cap::Set(cap) => cap,
+        }
+    }
 }
 
 /// Gemma 3's default bases: the full-attention layers' and the sliding ones'.
@@ -202,28 +222,31 @@ impl GemmaConfig {
             }
             None => (0..layers).map(|i| (i + 1) % pattern != 0).collect(),
         };
-        let window = match self.sliding_window {
-            Some(0) => return Err(config.unsupported("sliding_window is 0")),
-            window => window,
-        };
-        sliding
-            .into_iter()
-            .map(|sliding| match (sliding, window) {
-                (false, _) => Ok(None),
-                (true, Some(window)) => Ok(Some(window)),
-                (true, None) => Err(config.unsupported(
-                    "layer_types names sliding_attention layers but sliding_window is null",
-                )),
-            })
-            .collect()
+        layer_windows(config, &sliding, self.sliding_window)
     }
 
-    /// The score soft-cap. Gemma 3's `attn_logit_softcapping` is never applied by
-    /// transformers 5.24 (its attention does not pass it on), so neither is it here.
-    pub fn score_softcap(&self, generation: Generation) -> Option<f64> {
+    /// The score soft-cap: Gemma 2's (50 by default). Gemma 3's `attn_logit_softcapping` is
+    /// never applied by transformers 5.24 (its attention does not pass it on), so neither is it
+    /// here; the second value says whether the config sets one that is ignored so.
+    pub fn score_softcap(&self, generation: Generation) -> (Option<f64>, bool) {
+        let cap = self.attn_logit_softcapping;
         match generation {
-            Generation::Gemma2 => self.attn_logit_softcapping,
-            Generation::Gemma | Generation::Gemma3 => None,
+            Generation::Gemma2 => (cap.or(Some(50.0)), false),
+            Generation::Gemma => (None, false),
+            Generation::Gemma3 => (None, cap.or(None).is_some()),
+        }
+    }
+
+    /// The logit soft-cap of a causal LM (Gemma 2: 30 by default; Gemma 3: none by default).
+    /// `multimodal`: Gemma3ForConditionalGeneration's head, which transformers 5.24 never caps;
+    /// the second value says whether the config sets a cap that is ignored so.
+    pub fn logit_softcap(&self, generation: Generation, multimodal: bool) -> (Option<f64>, bool) {
+        let cap = self.final_logit_softcapping;
+        match (generation, multimodal) {
+            (Generation::Gemma, _) => (None, false),
+            (Generation::Gemma2, _) => (cap.or(Some(30.0)), false),
+            (Generation::Gemma3, false) => (cap.or(None), false),
+            (Generation::Gemma3, true) => (None, cap.or(None).is_some()),
         }
     }
 

@@ -23,7 +23,7 @@ use hookscope_core::nn::{
 };
 use hookscope_core::{ArchConfig, Architecture, Result, WeightLoader};
 
-pub use config::{GemmaConfig, Generation};
+pub use config::{Cap, GemmaConfig, Generation};
 
 /// A loaded Gemma model: a decoder whose every layer is attention.
 pub type Gemma = HybridDecoder<NoOtherMixer, GatedMlp>;
@@ -49,9 +49,15 @@ pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<G
     let heads = config.heads(text_config)?;
     let windows = config.windows(text_config, generation)?;
     let (rope, sliding_rope) = config.ropes(text_config, generation)?;
+    let (score_softcap, score_softcap_ignored) = config.score_softcap(generation);
+    if score_softcap_ignored {
+        loader.note(
+            "attn_logit_softcapping is ignored: transformers' Gemma 3 attention does not apply it",
+        );
+    }
     let scores = ScoreRules {
         scale: Some(config.score_scale(text_config, generation, heads.head_dim)?),
-        softcap: config.score_softcap(generation),
+        softcap: score_softcap,
         window: None,
     };
     let (h, eps) = (config.hidden_size, config.rms_norm_eps);
@@ -135,12 +141,8 @@ pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<G
     // here at every storage precision (a bf16 run of transformers rounds it to 5.65625 for
     // hidden 32; a bf16 load here computes what f32 computes on the rounded weights).
     let embedding_scale = (h as f64).sqrt() as f32;
-    // Gemma3ForConditionalGeneration's head is never soft-capped in transformers 5.24.
-    let logit_softcap = match (generation, &text) {
-        (Generation::Gemma, _) | (Generation::Gemma3, Some(_)) => None,
-        _ => config.final_logit_softcapping,
-    };
-    if logit_softcap.is_none() && text.is_some() && config.final_logit_softcapping.is_some() {
+    let (logit_softcap, logit_softcap_ignored) = config.logit_softcap(generation, text.is_some());
+    if logit_softcap_ignored {
         loader.note(
             "final_logit_softcapping is ignored: transformers' Gemma3ForConditionalGeneration \
              does not apply it",

@@ -1,6 +1,6 @@
 //! `config.json` of Llama-family checkpoints, and what of it this adapter can run.
 
-use hookscope_core::config::{AttentionHeads, HeadDim, HeadKeys, sliding_layers};
+use hookscope_core::config::{AttentionHeads, HeadDim, HeadKeys, layer_windows, sliding_layers};
 use hookscope_core::nn::{QkNorm, Rope, RopeParameters, RopeRules, RotaryFraction};
 use hookscope_core::{ArchConfig, Result};
 use serde::Deserialize;
@@ -121,25 +121,21 @@ impl LlamaConfig {
     /// layers of `layer_types` (by default those from `max_window_layers` on); Llama has none.
     pub fn windows(&self, config: &ArchConfig) -> Result<Vec<Option<usize>>> {
         let layers = self.num_hidden_layers;
-        let window = match self.sliding_window {
-            Some(0) => return Err(config.unsupported("sliding_window is 0")),
-            window => window,
-        };
-        match self.model_type.as_str() {
-            "mistral" => Ok(vec![window; layers]),
+        let window = self.sliding_window;
+        let sliding = match self.model_type.as_str() {
+            "mistral" => vec![window.is_some(); layers],
             "qwen2" | "qwen3" if self.use_sliding_window && window.is_some() => {
-                let from = self.max_window_layers.unwrap_or(28);
-                let types = match &self.layer_types {
+                match &self.layer_types {
                     Some(types) => sliding_layers(config, types, layers)?,
-                    None => (0..layers).map(|i| i >= from).collect(),
-                };
-                Ok(types
-                    .into_iter()
-                    .map(|sliding| window.filter(|_| sliding))
-                    .collect())
+                    None => {
+                        let from = self.max_window_layers.unwrap_or(28);
+                        (0..layers).map(|i| i >= from).collect()
+                    }
+                }
             }
-            _ => Ok(vec![None; layers]),
-        }
+            _ => vec![false; layers],
+        };
+        layer_windows(config, &sliding, window)
     }
 
     /// The rotary embedding, from `rope_parameters` or the older `rope_theta` and

@@ -1,5 +1,6 @@
 //! `layer_types`: the per-layer attention kind of configs with sliding-window layers (Gemma 2
-//! and 3, Qwen2, Mistral's successors), read once for every adapter.
+//! and 3, Qwen2 and 3, Mistral's successors), and each layer's window, read once for every
+//! adapter.
 
 use super::ArchConfig;
 use crate::error::Result;
@@ -24,4 +25,23 @@ pub fn sliding_layers(config: &ArchConfig, types: &[String], layers: usize) -> R
             ))),
         })
         .collect()
+}
+
+/// Each layer's window, from which layers slide (`sliding`, e.g. [`sliding_layers`]) and the
+/// config's `sliding_window`: `None` on full-attention layers. An error naming the key where a
+/// sliding layer would have no window or a window of 0.
+pub fn layer_windows(
+    config: &ArchConfig,
+    sliding: &[bool],
+    window: Option<usize>,
+) -> Result<Vec<Option<usize>>> {
+    if !sliding.contains(&true) {
+        return Ok(vec![None; sliding.len()]);
+    }
+    match window {
+        Some(0) => Err(config.unsupported("sliding_window is 0")),
+        None => Err(config
+            .unsupported("layer_types names sliding_attention layers but sliding_window is null")),
+        Some(window) => Ok(sliding.iter().map(|s| s.then_some(window)).collect()),
+    }
 }

@@ -13,7 +13,7 @@ use serde_json::Value;
 
 pub use heads::{AttentionHeads, HeadDim, HeadKeys};
 pub use json::ConfigFloat;
-pub use layer_types::sliding_layers;
+pub use layer_types::{layer_windows, sliding_layers};
 
 use crate::error::{Error, Result};
 

@@ -134,7 +134,7 @@ impl SoftmaxAttention {
                 if explicit {
                     let scores = queries.matmul(keys.swap_dims(2, 3)) * self.scale;
                     let scores = match self.softcap {
-                        Some(cap) => activation::tanh(scores / cap) * cap,
+                        Some(cap) => super::soft_cap(scores, cap),
                         None => scores,
                     };
                     let scores = scores.mask_fill(mask, f32::NEG_INFINITY);

@@ -7,7 +7,7 @@
 
 use std::cell::OnceCell;
 
-use burn::tensor::{Tensor, activation};
+use burn::tensor::Tensor;
 
 use super::{Embedding, GatedMlp, Linear, ProjectedAttention, RmsNorm, Rotary, SparseMoe};
 use crate::adapter::CausalLm;
@@ -217,7 +217,7 @@ impl<M: Mixer, F: FeedForward> CausalLm for HybridDecoder<M, F> {
     fn unembed(&self, hidden: Tensor<3>) -> Tensor<3> {
         let logits = self.parts.lm_head.forward(self.parts.norm.forward(hidden));
         match self.parts.options.logit_softcap {
-            Some(cap) => activation::tanh(logits / cap) * cap,
+            Some(cap) => super::soft_cap(logits, cap),
             None => logits,
         }
     }

@@ -27,6 +27,12 @@ pub fn softmax_last<const D: usize>(x: Tensor<D>) -> Tensor<D> {
     cpu::softmax_last(&x).unwrap_or_else(|| activation::softmax(x, D - 1))
 }
 
+/// Soft-capping: `cap · tanh(x / cap)`, which bounds `x` to `(-cap, cap)` (Gemma 2's scores and
+/// logits).
+pub fn soft_cap<const D: usize>(x: Tensor<D>, cap: f64) -> Tensor<D> {
+    activation::tanh(x / cap) * cap
+}
+
 #[cfg(test)]
 mod tests {
     use burn::tensor::{Device, TensorData};

@@ -28,7 +28,7 @@ pub use decoder::{
     DecoderLayer, DecoderOptions, DecoderParts, FeedForward, HybridDecoder, LayerMixer, Mixer,
     NoOtherMixer, OutputNorms,
 };
-pub use elementwise::{exp, sigmoid, silu, softmax_last};
+pub use elementwise::{exp, sigmoid, silu, soft_cap, softmax_last};
 pub use embedding::Embedding;
 pub use linear::Linear;
 pub use mlp::{GatedMlp, GatedMlpSpec};
