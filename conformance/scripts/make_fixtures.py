@@ -45,6 +45,8 @@ from transformers import (
     GenerationConfig,
     GPT2Config,
     GPT2LMHeadModel,
+    GPTJConfig,
+    GPTJForCausalLM,
     GPTNeoXConfig,
     GPTNeoXForCausalLM,
     LlamaConfig,
@@ -61,10 +63,20 @@ from transformers import (
     MambaForCausalLM,
     MistralConfig,
     MistralForCausalLM,
+    MixtralConfig,
+    MixtralForCausalLM,
+    Olmo2Config,
+    Olmo2ForCausalLM,
+    Phi3Config,
+    Phi3ForCausalLM,
     Qwen2Config,
     Qwen2ForCausalLM,
+    Qwen2MoeConfig,
+    Qwen2MoeForCausalLM,
     Qwen3Config,
     Qwen3ForCausalLM,
+    Qwen3MoeConfig,
+    Qwen3MoeForCausalLM,
 )
 from transformers.models.bamba import modeling_bamba
 from transformers.models.mamba import modeling_mamba
@@ -273,9 +285,11 @@ def attach_hooks(model):
             RECORDER.layer = i
 
         mixer.register_forward_pre_hook(enter_mixer)
-        # A sandwich-norm block (Gemma 2 and 3) adds its post-norms' outputs to the residual:
-        # those are `attention_output` and `mlp_output`.
-        sandwich = hasattr(block, "pre_feedforward_layernorm")
+        # A block with post-norms on its branches adds their outputs to the residual: those are
+        # `attention_output` and `mlp_output`. Gemma 2 and 3 (sandwich: pre- and post-norms) and
+        # OLMo-2 (post-norms only) have a `post_feedforward_layernorm`; in the Llama family
+        # `post_attention_layernorm` is instead the MLP's pre-norm, and there is no such module.
+        sandwich = hasattr(block, "post_feedforward_layernorm")
         attention_out = block.post_attention_layernorm if sandwich else mixer
         mlp_out = block.post_feedforward_layernorm if sandwich else mlp
         attention_out.register_forward_hook(
@@ -316,11 +330,13 @@ def perturb_constants(model, generator):
                 param.add_(torch.randn(param.shape, generator=generator) * 0.1)
 
 
-def build_model(seed, config_class, model_class, initializer_range=0.2, **config):
+def build_model(seed, config_class, model_class, initializer_range=0.2, experts_implementation=None, **config):
     """A seeded random model with perturbed constants and recording hooks attached."""
     torch.manual_seed(seed)
     cfg = config_class(initializer_range=initializer_range, **config)
     cfg._attn_implementation = "hookscope_capture"
+    if experts_implementation is not None:
+        cfg._experts_implementation = experts_implementation
     model = model_class(cfg).eval()
     perturb_constants(model, torch.Generator().manual_seed(seed + 1))
     attach_hooks(model)
@@ -629,6 +645,214 @@ def make_gptneox_models():
         write_case(FIXTURES / name, model, prompts, eos_token_id=vocab - 1)
 
 
+def check_fixture(directory, num_layers, zero=(1, 1)):
+    """Check a written reference: every layer's six attention sites at every step, and the
+    residual identity `layer_output == layer_input + attention_output + mlp_output` (except at
+    the zeroed site of `zero0/`). Prints and returns the largest residual error."""
+    from safetensors import safe_open
+
+    attention = ("queries", "keys", "values", "scores", "probabilities", "head_outputs")
+    worst = 0.0
+    with safe_open(directory / "reference.safetensors", "pt") as f:
+        keys = set(f.keys())
+        for prefix in sorted({key.split("/")[0] for key in keys}):
+            for step in range(NEW_TOKENS):
+                for i in range(num_layers):
+                    site = lambda name: f"{prefix}/layers.{i}.{name}@{step}"
+                    for name in attention:
+                        assert site(f"self_attn.attention_{name}") in keys, site(f"self_attn.attention_{name}")
+                    if prefix == "zero0" and (i, step) == zero:
+                        continue
+                    total = sum(f.get_tensor(site(name)) for name in ("layer_input", "attention_output", "mlp_output"))
+                    worst = max(worst, (f.get_tensor(site("layer_output")) - total).abs().max().item())
+    assert worst < 1e-5, f"{directory.name}: residual identity off by {worst}"
+    print(f"{directory.name}: attention sites present at all {num_layers} layers x {NEW_TOKENS} steps; "
+          f"residual identity max abs error {worst:.3g}")
+    return worst
+
+
+def small_prompts(seed, vocab=96):
+    """Two prompts of 7 and 4 tokens. (The families below set no pad token: transformers zeroes
+    the pad token's embedding row, and the prompts may contain the EOS id.)"""
+    generator = torch.Generator().manual_seed(seed)
+    return [torch.randint(0, vocab, (n,), generator=generator).tolist() for n in (7, 4)]
+
+
+def make_gptj_models():
+    """A tiny GPT-J: a parallel block (attention and MLP both read `ln_1(h)`), rotary on the
+    first half of each head's dimensions, interleaved (rotate-every-two), the rest passed
+    through; an untied head with a bias."""
+    vocab = 96
+    prompts = small_prompts(41)
+    config = dict(vocab_size=vocab, bos_token_id=vocab - 1, eos_token_id=vocab - 1, pad_token_id=None,
+                  n_embd=32, n_head=4, rotary_dim=4, n_layer=2, n_inner=48, activation_function="gelu_new",
+                  n_positions=64)
+    model = build_model(900, GPTJConfig, GPTJForCausalLM, **config)
+    directory = FIXTURES / "gptj-partial-rotary"
+    write_case(directory, model, prompts, eos_token_id=vocab - 1)
+    check_fixture(directory, 2)
+
+
+def make_olmo2_models():
+    """A tiny OLMo-2: no pre-norms, RMS post-norms on each branch's output before its residual
+    add, and q/k RMS norms over the whole query and key projections (all heads at once)."""
+    vocab = 96
+    prompts = small_prompts(43)
+    config = dict(vocab_size=vocab, bos_token_id=vocab - 1, eos_token_id=vocab - 1, pad_token_id=None,
+                  hidden_size=32, num_attention_heads=4, num_key_value_heads=2, intermediate_size=48,
+                  num_hidden_layers=2, max_position_embeddings=64, rms_norm_eps=1e-5)
+    model = build_model(910, Olmo2Config, Olmo2ForCausalLM, **config)
+    directory = FIXTURES / "olmo2-qknorm"
+    write_case(directory, model, prompts, eos_token_id=vocab - 1)
+    check_fixture(directory, 2)
+
+
+def check_longrope_switch(model, prompt, eos_token_id, original_max):
+    """The recorded generation must cross `original_max` and switch to the long factors: a run
+    with the long factors pinned to the short ones matches the recorded one at the steps whose
+    positions all lie below it and differs at the later ones."""
+    rotary = model.model.rotary_emb
+    _, switched = record_generation(model, prompt, eos_token_id)
+    long_inv_freq = rotary.long_inv_freq.clone()
+    short_inv_freq = rotary.original_inv_freq.clone()
+    assert not torch.allclose(long_inv_freq, short_inv_freq)
+    rotary.long_inv_freq = short_inv_freq.clone()
+    try:
+        _, pinned = record_generation(model, prompt, eos_token_id)
+    finally:
+        rotary.long_inv_freq = long_inv_freq
+    report = []
+    for step in range(NEW_TOKENS):
+        last_position = len(prompt) - 1 + step
+        key = f"layers.0.self_attn.attention_queries@{step}"
+        diff = (switched[key] - pinned[key]).abs().max().item()
+        crossed = last_position + 1 > original_max
+        assert (diff > 1e-3) if crossed else (diff == 0.0), (step, diff)
+        report.append(f"step {step} (positions up to {last_position}, {'long' if crossed else 'short'}): "
+                      f"layer-0 query diff vs short-only {diff:.3g}")
+    print("longrope switch: " + "; ".join(report))
+    print(f"longrope: short {short_inv_freq.tolist()} long {long_inv_freq.tolist()} "
+          f"attention scaling {rotary.attention_scaling}")
+
+
+def make_phi3_models():
+    """Tiny Phi-3s (fused `qkv_proj` and `gate_up_proj`): a window shorter than the prompt with
+    half of each head rotated; and LongRoPE whose original length (8) the first prompt's
+    generation crosses, so transformers switches from the short to the long factors mid-way
+    (for every position of a call: cached keys keep the short ones), with attention factor
+    sqrt(1 + ln(32 / 8) / ln 8) on both."""
+    vocab = 96
+    prompts = small_prompts(47)
+    common = dict(vocab_size=vocab, bos_token_id=vocab - 1, eos_token_id=vocab - 1, pad_token_id=None,
+                  hidden_size=32, num_attention_heads=4, intermediate_size=48, num_hidden_layers=2,
+                  rms_norm_eps=1e-5)
+    window = dict(num_key_value_heads=2, sliding_window=3, partial_rotary_factor=0.5, max_position_embeddings=64,
+                  original_max_position_embeddings=64)
+    model = build_model(920, Phi3Config, Phi3ForCausalLM, **common, **window)
+    directory = FIXTURES / "phi3-window-partial"
+    write_case(directory, model, prompts, eos_token_id=vocab - 1)
+    check_fixture(directory, 2)
+
+    rope = dict(rope_type="longrope", rope_theta=10000.0, short_factor=[1.0, 1.25, 1.5, 1.75],
+                long_factor=[2.0, 3.5, 5.0, 7.5])
+    longrope = dict(num_key_value_heads=4, rope_parameters=rope, max_position_embeddings=32,
+                    original_max_position_embeddings=8)
+    model = build_model(921, Phi3Config, Phi3ForCausalLM, **common, **longrope)
+    expected = (1 + torch.log(torch.tensor(4.0)) / torch.log(torch.tensor(8.0))).sqrt().item()
+    assert abs(model.model.rotary_emb.attention_scaling - expected) < 1e-6, model.model.rotary_emb.attention_scaling
+    directory = FIXTURES / "phi3-longrope"
+    write_case(directory, model, prompts, eos_token_id=vocab - 1)
+    check_fixture(directory, 2)
+    check_longrope_switch(model, prompts[0], vocab - 1, original_max=8)
+
+
+def router_gaps(model):
+    """Hook every sparse block's router; returns the list each call appends its tokens' gaps
+    between the k-th and (k+1)-th routing probability to."""
+    gaps = []
+    for block in model.model.layers:
+        if hasattr(block.mlp, "gate") and hasattr(block.mlp, "experts"):
+            router = block.mlp.gate
+
+            def probe(module, _args, output):
+                probs = torch.softmax(output[0].float(), dim=-1).sort(dim=-1, descending=True).values
+                gaps.append(probs[:, module.top_k - 1] - probs[:, module.top_k])
+
+            router.register_forward_hook(probe)
+    return gaps
+
+
+def smallest_gap(gaps):
+    return torch.cat(gaps).min().item()
+
+
+def make_moe_models():
+    """Tiny mixture-of-experts models (transformers' eager experts), with routers whose top-k
+    choice no float noise can flip: over every recorded call, every token's gap between the k-th
+    and (k+1)-th routing probability is above 1e-2 (seeds are tried until it is; 1e-3 would do
+    for float32, the larger margin keeps bf16 products on the same experts too): Mixtral (top 2 of 4, renormalised); Qwen2-MoE with a sigmoid-gated
+    shared expert, top-k not renormalised, layer 1 dense; Qwen3-MoE with a head size other than
+    hidden / heads, top-k renormalised, layer 0 dense (sparse step 2)."""
+    vocab = 96
+    prompts = small_prompts(53)
+    common = dict(vocab_size=vocab, bos_token_id=vocab - 1, eos_token_id=vocab - 1, pad_token_id=None,
+                  hidden_size=32, num_attention_heads=4, num_key_value_heads=2, num_hidden_layers=2,
+                  max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False)
+    cases = {
+        "mixtral-top2": (MixtralConfig, MixtralForCausalLM, dict(
+            intermediate_size=24, num_local_experts=4, num_experts_per_tok=2, sliding_window=None)),
+        "qwen2-moe-shared": (Qwen2MoeConfig, Qwen2MoeForCausalLM, dict(
+            intermediate_size=40, moe_intermediate_size=16, shared_expert_intermediate_size=24, num_experts=4,
+            num_experts_per_tok=2, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[1])),
+        "qwen3-moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM, dict(
+            head_dim=16, moe_intermediate_size=16, intermediate_size=40, num_experts=4, num_experts_per_tok=2,
+            norm_topk_prob=True, decoder_sparse_step=2)),
+    }
+    for index, (name, (config_class, model_class, config)) in enumerate(cases.items()):
+        for attempt in range(10):
+            seed = 930 + 10 * index + attempt
+            model = build_model(seed, config_class, model_class, experts_implementation="eager", **common, **config)
+            gaps = router_gaps(model)
+            for prompt_ids in prompts:
+                record_generation(model, prompt_ids, vocab - 1)
+            record_generation(model, prompts[0], vocab - 1, zero=(1, 1))
+            if smallest_gap(gaps) > 1e-2:
+                break
+            print(f"{name}: seed {seed} has a router gap of {smallest_gap(gaps):.3g}, trying the next seed")
+        else:
+            raise AssertionError(f"{name}: no seed gives router gaps above 1e-2")
+        gaps.clear()
+        directory = FIXTURES / name
+        write_case(directory, model, prompts, eos_token_id=vocab - 1)
+        gap = smallest_gap(gaps)
+        assert gap > 1e-2, gap
+        print(f"{name}: seed {seed}, smallest router gap over all recorded calls {gap:.4g} "
+              f"({sum(len(g) for g in gaps)} tokens x sparse layers)")
+        check_fixture(directory, 2)
+
+
+def make_yarn_models():
+    """A tiny Qwen3 with YaRN: factor 4 over an original length of 16, so the lowest frequency
+    dimension is extrapolated and the others interpolated, and cos/sin scaled by 0.1 ln 4 + 1."""
+    vocab = 96
+    prompts = small_prompts(59)
+    config = dict(vocab_size=vocab, bos_token_id=vocab - 1, eos_token_id=vocab - 1, pad_token_id=None,
+                  hidden_size=32, num_attention_heads=4, num_key_value_heads=2, head_dim=8, intermediate_size=48,
+                  num_hidden_layers=2, max_position_embeddings=64, rms_norm_eps=1e-5, tie_word_embeddings=False,
+                  rope_parameters=dict(rope_type="yarn", rope_theta=10000.0, factor=4.0,
+                                       original_max_position_embeddings=16))
+    model = build_model(940, Qwen3Config, Qwen3ForCausalLM, **config)
+    rotary = model.model.rotary_emb
+    plain = 1.0 / (10000.0 ** (torch.arange(0, 8, 2, dtype=torch.float) / 8))
+    assert not torch.allclose(rotary.inv_freq, plain)
+    expected = 0.1 * torch.log(torch.tensor(4.0)).item() + 1
+    assert abs(rotary.attention_scaling - expected) < 1e-6, rotary.attention_scaling
+    print(f"qwen3-yarn: inv_freq {rotary.inv_freq.tolist()} (plain {plain.tolist()}), "
+          f"attention scaling {rotary.attention_scaling}")
+    directory = FIXTURES / "qwen3-yarn"
+    write_case(directory, model, prompts, eos_token_id=vocab - 1)
+    check_fixture(directory, 2)
+
 def round_to_half(model):
     """Round every weight to float16 so the float16 checkpoint reproduces the float32 reference."""
     with torch.no_grad():
@@ -852,6 +1076,11 @@ FAMILIES = {
     "bamba": make_bamba_models,
     "deltanet": make_deltanet_models,
     "gptneox": make_gptneox_models,
+    "gptj": make_gptj_models,
+    "olmo2": make_olmo2_models,
+    "phi3": make_phi3_models,
+    "moe": make_moe_models,
+    "yarn": make_yarn_models,
     "gpt2-tiny": None,
 }
 

@@ -254,11 +254,11 @@ fn unknown_rope_types_are_refused() {
     let dir = edit_config("llama-mha-tied", |config| {
         config.insert(
             "rope_parameters".into(),
-            serde_json::json!({"rope_type": "yarn", "factor": 4.0, "rope_theta": 10000.0}),
+            serde_json::json!({"rope_type": "proportional", "factor": 4.0, "rope_theta": 10000.0}),
         );
     });
     let error = error_of(load(dir.path()));
-    assert!(error.to_string().contains("yarn"), "{error}");
+    assert!(error.to_string().contains("proportional"), "{error}");
 }
 
 #[test]

@@ -3,6 +3,7 @@
 //! the other backends.
 
 mod common;
+mod decoders;
 mod deltanet;
 mod demo_model;
 mod edits;

@@ -194,3 +194,21 @@ fn deltanet_hybrid_generation_matches_transformers_at_every_step() {
         assert_generation_parity(&fixture.name, |_| false);
     }
 }
+
+/// The decoders built on the shared layers since: GPT-NeoX, the mixtures of experts (Mixtral,
+/// Qwen2-MoE, Qwen3-MoE), OLMo-2 and Phi-3.
+const DECODERS: [&str; 4] = ["gpt_neox", "mixtral", "olmo2", "phi3"];
+
+#[test]
+fn decoders_match_transformers_at_every_site() {
+    for fixture in fixtures_of(&DECODERS) {
+        assert_parity(&fixture.name, &[]);
+    }
+}
+
+#[test]
+fn decoder_generation_matches_transformers_at_every_step() {
+    for fixture in fixtures_of(&DECODERS) {
+        assert_generation_parity(&fixture.name, |_| false);
+    }
+}

@@ -145,7 +145,7 @@ fn builtin_fixtures() -> Vec<std::path::PathBuf> {
         .unwrap()
         .map(|entry| entry.unwrap().path())
         .filter(|dir| dir.join("reference.json").is_file())
-        // Plugin architectures (GPT-NeoX) are checked where their plugin is loaded.
+        // Plugin architectures (GPT-J) are checked where their plugin is loaded.
         .filter(|dir| {
             let config = ModelSource::Directory(dir.clone()).config().unwrap();
             hookscope::registry::find(&config).is_ok()

@@ -17,12 +17,11 @@
 //! `*ForConditionalGeneration` checkpoint, the language model is loaded (`text_config`,
 //! weights under `model.language_model.`) and the vision tower is ignored, with a note.
 
-use hookscope_core::burn::tensor::Tensor;
 use hookscope_core::config::{AttentionHeads, HeadDim, HeadKeys};
 use hookscope_core::nn::{
-    Activation, DecoderLayer, DecoderOptions, DecoderParts, Embedding, FeedForward, GatedMlp,
-    GatedMlpSpec, HybridDecoder, LayerMixer, Linear, MoeSpec, ProjectedAttention,
-    ProjectedAttentionSpec, QkNorm, RmsNorm, SparseMoe,
+    Activation, DecoderLayer, DecoderOptions, DecoderParts, Embedding, GatedMlp, GatedMlpSpec,
+    HybridDecoder, LayerMixer, Linear, Mlp, MoeSpec, ProjectedAttention, ProjectedAttentionSpec,
+    QkNorm, QkNormSpan, RmsNorm, SparseMoe, is_sparse_layer,
 };
 use hookscope_core::nn::{Rope, RopeParameters, RopeRules, RotaryFraction};
 use hookscope_core::{ArchConfig, Result, WeightLoader};
@@ -181,6 +180,7 @@ impl HybridConfig {
     fn rope(&self, config: &ArchConfig) -> Result<Rope> {
         let rules = RopeRules {
             scaled: None,
+            original_max_positions: None,
             theta: self.rope_theta,
             fraction: RotaryFraction::Configured {
                 legacy: self.partial_rotary_factor,
@@ -195,11 +195,12 @@ impl HybridConfig {
         let sparse = match family {
             Family::Qwen35 => false,
             Family::Qwen35Moe => true,
-            Family::Qwen3Next => {
-                self.num_experts > 0
-                    && !self.mlp_only_layers.contains(&i)
-                    && (i + 1).is_multiple_of(self.decoder_sparse_step.max(1))
-            }
+            Family::Qwen3Next => is_sparse_layer(
+                i,
+                self.num_experts,
+                self.decoder_sparse_step,
+                &self.mlp_only_layers,
+            ),
         };
         sparse.then_some(MoeSpec {
             hidden: self.hidden_size,
@@ -211,23 +212,6 @@ impl HybridConfig {
             renormalise: family == Family::Qwen35Moe || self.norm_topk_prob,
             activation,
         })
-    }
-}
-
-/// A layer's feed-forward part: a dense gated MLP or a mixture of experts.
-pub enum Mlp {
-    /// A dense gated MLP.
-    Dense(Box<GatedMlp>),
-    /// A sparse mixture of experts.
-    Sparse(Box<SparseMoe>),
-}
-
-impl FeedForward for Mlp {
-    fn feed_forward(&self, x: Tensor<3>) -> Result<Tensor<3>> {
-        match self {
-            Mlp::Dense(mlp) => mlp.feed_forward(x),
-            Mlp::Sparse(moe) => moe.feed_forward(x),
-        }
     }
 }
 
@@ -279,7 +263,9 @@ pub fn load(
         Family::Qwen3Next => ProjectionLayout::Grouped,
         Family::Qwen35 | Family::Qwen35Moe => ProjectionLayout::Separate,
     };
-    let rotary = config.rope(arch_config)?.rotary(attention.head_dim);
+    let rotary = config
+        .rope(arch_config)?
+        .rotary(arch_config, attention.head_dim)?;
     let dense = match (family, config.intermediate_size) {
         (Family::Qwen35Moe, _) => None,
         (_, Some(inner)) => Some(GatedMlpSpec {
@@ -302,6 +288,7 @@ pub fn load(
                 qk_norm: Some(QkNorm {
                     eps,
                     unit_offset: true,
+                    span: QkNormSpan::PerHead,
                 }),
                 output_gate: true,
                 ..ProjectedAttentionSpec::new(i, h, attention)
@@ -322,9 +309,17 @@ pub fn load(
             }
         };
         layers.push(DecoderLayer {
-            input_norm: RmsNorm::load_unit_offset(layer.pp("input_layernorm"), h, eps)?,
+            input_norm: Some(RmsNorm::load_unit_offset(
+                layer.pp("input_layernorm"),
+                h,
+                eps,
+            )?),
             mixer,
-            post_norm: RmsNorm::load_unit_offset(layer.pp("post_attention_layernorm"), h, eps)?,
+            post_norm: Some(RmsNorm::load_unit_offset(
+                layer.pp("post_attention_layernorm"),
+                h,
+                eps,
+            )?),
             feed_forward: mlp,
             output_norms: None,
         });

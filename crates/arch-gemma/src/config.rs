@@ -262,6 +262,7 @@ impl GemmaConfig {
         });
         let rules = |theta| RopeRules {
             scaled: Some(max_positions),
+            original_max_positions: None,
             theta,
             fraction: RotaryFraction::Full,
         };

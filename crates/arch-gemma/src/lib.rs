@@ -19,7 +19,7 @@ mod config;
 use hookscope_core::nn::{
     DecoderLayer, DecoderOptions, DecoderParts, Embedding, GatedMlp, GatedMlpSpec, HybridDecoder,
     LayerMixer, Linear, NoOtherMixer, OutputNorms, ProjectedAttention, ProjectedAttentionSpec,
-    QkNorm, RmsNorm, ScoreRules,
+    QkNorm, QkNormSpan, RmsNorm, ScoreRules,
 };
 use hookscope_core::{ArchConfig, Architecture, Result, WeightLoader};
 
@@ -71,6 +71,7 @@ pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<G
     let qk_norm = (generation == Generation::Gemma3).then_some(QkNorm {
         eps,
         unit_offset: true,
+        span: QkNormSpan::PerHead,
     });
 
     let mut model = loader.pp_stored(&["model.language_model", "language_model.model", "model"]);
@@ -114,9 +115,13 @@ pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<G
                 ),
             };
             Ok(DecoderLayer {
-                input_norm: RmsNorm::load_unit_offset(layer.pp("input_layernorm"), h, eps)?,
+                input_norm: Some(RmsNorm::load_unit_offset(
+                    layer.pp("input_layernorm"),
+                    h,
+                    eps,
+                )?),
                 mixer: LayerMixer::Attention(Box::new(attention)),
-                post_norm,
+                post_norm: Some(post_norm),
                 feed_forward: GatedMlp::load(layer.pp("mlp"), &mlp)?,
                 output_norms,
             })
@@ -150,14 +155,17 @@ pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<G
     }
     Ok(HybridDecoder::new(DecoderParts {
         embed_tokens,
-        rotary: rope.rotary(heads.head_dim),
+        rotary: rope.rotary(arch_config, heads.head_dim)?,
         layers,
         norm: final_norm,
         lm_head,
         options: DecoderOptions {
             embedding_scale: Some(embedding_scale),
-            sliding_rotary: sliding_rope.map(|rope| rope.rotary(heads.head_dim)),
+            sliding_rotary: sliding_rope
+                .map(|rope| rope.rotary(arch_config, heads.head_dim))
+                .transpose()?,
             logit_softcap,
+            ..DecoderOptions::default()
         },
     }))
 }

@@ -145,6 +145,7 @@ impl BambaConfig {
     fn rope(&self, config: &ArchConfig) -> Result<Rope> {
         let rules = RopeRules {
             scaled: None,
+            original_max_positions: None,
             theta: self.rope_theta,
             fraction: RotaryFraction::Fixed(PARTIAL_ROTARY_FACTOR),
         };
@@ -215,9 +216,9 @@ pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<B
                 LayerMixer::Other(Box::new(mixer))
             };
             Ok(DecoderLayer {
-                input_norm: RmsNorm::load(layer.pp("input_layernorm"), h, eps)?,
+                input_norm: Some(RmsNorm::load(layer.pp("input_layernorm"), h, eps)?),
                 mixer,
-                post_norm: RmsNorm::load(layer.pp("pre_ff_layernorm"), h, eps)?,
+                post_norm: Some(RmsNorm::load(layer.pp("pre_ff_layernorm"), h, eps)?),
                 feed_forward: GatedMlp::load(layer.pp("feed_forward"), &mlp)?,
                 output_norms: None,
             })
@@ -228,7 +229,9 @@ pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<B
     let lm_head = Linear::head(loader.pp("lm_head"), &embed_tokens, tied)?;
     Ok(HybridDecoder::new(DecoderParts {
         embed_tokens,
-        rotary: config.rope(arch_config)?.rotary(attention.head_dim),
+        rotary: config
+            .rope(arch_config)?
+            .rotary(arch_config, attention.head_dim)?,
         layers,
         norm: final_norm,
         lm_head,

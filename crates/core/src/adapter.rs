@@ -31,6 +31,15 @@ pub trait CausalLm: Send + Sync {
         ModelCache::for_layout(self.layout())
     }
 
+    /// Whether a generation step whose sequence is `total` tokens long, `cached` of them
+    /// already in the carried state, must drop that state and feed the whole sequence (as
+    /// transformers' Phi-3 does once, when the sequence first outgrows its pretraining context
+    /// and LongRoPE switches to its long factors). Never, by default.
+    fn recomputes(&self, cached: usize, total: usize) -> bool {
+        let _ = (cached, total);
+        false
+    }
+
     /// One call: the final hidden states through the language-model head, `[B, T, V]`.
     fn forward(&self, call: &mut Call<'_>) -> Result<Tensor<3>>;
 

@@ -20,9 +20,13 @@ use hookscope_core::registry::Registration;
 /// Every built-in architecture: the one list the command line, the conformance suite, the tests
 /// and library users share. A new built-in architecture is its crate, an entry here and a
 /// fixture case in `conformance/scripts/make_fixtures.py`.
-pub static BUILTIN: [&Architecture; 11] = [
+pub static BUILTIN: [&Architecture; 15] = [
     &hookscope_arch_gpt2::ARCHITECTURE,
+    &hookscope_arch_gptneox::ARCHITECTURE,
     &hookscope_arch_llama::ARCHITECTURE,
+    &hookscope_arch_llama::MOE,
+    &hookscope_arch_llama::OLMO2,
+    &hookscope_arch_llama::PHI3,
     &hookscope_arch_gemma::GEMMA,
     &hookscope_arch_gemma::GEMMA2,
     &hookscope_arch_gemma::GEMMA3,

@@ -1,4 +1,4 @@
-//! Architectures as dynamic plugins: the example GPT-NeoX plugin loaded by path passes the whole
+//! Architectures as dynamic plugins: the example GPT-J plugin loaded by path passes the whole
 //! conformance suite (with transformers parity), and unusable libraries are refused clearly.
 
 use std::path::PathBuf;
@@ -19,7 +19,7 @@ fn example_plugin() -> PathBuf {
     let binary = PathBuf::from(env!("CARGO_BIN_EXE_hookscope"));
     let dir = binary.parent().expect("the binary has a folder");
     let library = dir.join(format!(
-        "{}hookscope_plugin_gptneox{}",
+        "{}hookscope_plugin_gptj{}",
         std::env::consts::DLL_PREFIX,
         std::env::consts::DLL_SUFFIX
     ));
@@ -56,13 +56,13 @@ fn the_example_plugin_passes_the_whole_suite() {
     ]);
     assert!(output.status.success(), "{}", text(&output));
     let reports: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
-    let neox = reports
+    let gptj = reports
         .as_array()
         .unwrap()
         .iter()
-        .find(|r| r["arch"] == "gpt_neox")
+        .find(|r| r["arch"] == "gptj")
         .expect("the plugin's architecture is registered");
-    for check in neox["checks"].as_array().unwrap() {
+    for check in gptj["checks"].as_array().unwrap() {
         let expected = if check["check"] == "state carried" {
             "n/a"
         } else {
@@ -76,7 +76,7 @@ fn the_example_plugin_passes_the_whole_suite() {
 fn a_plugin_model_runs_from_the_command_line() {
     let plugin = example_plugin();
     let model = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-        .join("../../conformance/fixtures/gptneox-parallel");
+        .join("../../conformance/fixtures/gptj-partial-rotary");
     let output = hookscope(&[
         "--plugin",
         plugin.to_str().unwrap(),

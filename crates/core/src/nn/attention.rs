@@ -10,7 +10,7 @@ use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
 use burn::tensor::{Tensor, activation};
 
-use super::{Linear, RmsNorm, Rotary};
+use super::{FusedLayout, Linear, RmsNorm, Rotary};
 use crate::cache::KvCache;
 use crate::call::Call;
 use crate::config::AttentionHeads;
@@ -173,7 +173,17 @@ impl SoftmaxAttention {
     }
 }
 
-/// The shape of a Llama-style attention layer with separate projections.
+/// How a layer stores its query, key and value projections.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkvWeights {
+    /// `q_proj`, `k_proj` and `v_proj`.
+    Separate,
+    /// One matrix of this name holding the three, laid out so (Phi-3: `qkv_proj` in blocks;
+    /// GPT-NeoX: `query_key_value` per head), split into three at load.
+    Fused(&'static str, FusedLayout),
+}
+
+/// The shape of a Llama-style attention layer.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct ProjectedAttentionSpec {
     /// The layer it belongs to.
@@ -186,7 +196,11 @@ pub struct ProjectedAttentionSpec {
     pub qkv_bias: bool,
     /// Bias on the output projection.
     pub o_bias: bool,
-    /// Per-head RMSNorm of queries and keys before the rotary (`q_norm`, `k_norm`), if any.
+    /// How the query, key and value projections are stored.
+    pub qkv: QkvWeights,
+    /// The output projection's name (`o_proj`; GPT-NeoX: `dense`).
+    pub output: &'static str,
+    /// RMSNorm of queries and keys before the rotary (`q_norm`, `k_norm`), if any.
     pub qk_norm: Option<QkNorm>,
     /// Whether `q_proj` also yields an output gate (per head `[query | gate]`):
     /// `sigmoid(gate)` scales the merged head outputs before `o_proj` (Qwen3-Next).
@@ -196,13 +210,16 @@ pub struct ProjectedAttentionSpec {
 }
 
 impl ProjectedAttentionSpec {
-    /// Plain attention of `layer` in a model of `hidden` size: no biases, norms or gate,
-    /// [`ScoreRules::default`]. Set the fields that differ with struct update syntax.
+    /// Plain attention of `layer` in a model of `hidden` size: separate `q_proj` ... `o_proj`,
+    /// no biases, norms or gate, [`ScoreRules::default`]. Set the fields that differ with
+    /// struct update syntax.
     pub fn new(layer: usize, hidden: usize, heads: AttentionHeads) -> Self {
         ProjectedAttentionSpec {
             layer,
             hidden,
             heads,
+            qkv: QkvWeights::Separate,
+            output: "o_proj",
             qkv_bias: false,
             o_bias: false,
             qk_norm: None,
@@ -212,13 +229,24 @@ impl ProjectedAttentionSpec {
     }
 }
 
-/// How queries and keys are normalised per head.
+/// How queries and keys are normalised.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct QkNorm {
     /// Epsilon.
     pub eps: f64,
     /// Whether the stored weights are zero-centred (the scale is `1 + weight`).
     pub unit_offset: bool,
+    /// What one normalisation covers.
+    pub span: QkNormSpan,
+}
+
+/// The vectors a query/key norm normalises.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum QkNormSpan {
+    /// Each head's (Qwen3, Gemma 3: weights of the head size).
+    PerHead,
+    /// The whole projection's, all heads at once (OLMo-2: weights of the projection's size).
+    Projection,
 }
 
 /// Softmax attention behind separate `q_proj`, `k_proj`, `v_proj` and `o_proj` maps, with
@@ -231,7 +259,7 @@ pub struct ProjectedAttention {
     k_proj: Linear,
     v_proj: Linear,
     o_proj: Linear,
-    qk_norm: Option<(RmsNorm, RmsNorm)>,
+    qk_norm: Option<((RmsNorm, RmsNorm), QkNormSpan)>,
     output_gate: bool,
     attention: SoftmaxAttention,
 }
@@ -243,6 +271,8 @@ impl ProjectedAttention {
             layer,
             hidden,
             heads,
+            qkv,
+            output,
             qkv_bias,
             o_bias,
             qk_norm,
@@ -254,24 +284,51 @@ impl ProjectedAttention {
         let kv_width = heads.kv_heads * head_dim;
         let qk_norm = match qk_norm {
             None => None,
-            Some(QkNorm { eps, unit_offset }) => {
-                let mut norm = |part: &str| {
+            Some(QkNorm {
+                eps,
+                unit_offset,
+                span,
+            }) => {
+                let mut norm = |part: &str, width: usize| {
+                    let size = match span {
+                        QkNormSpan::PerHead => head_dim,
+                        QkNormSpan::Projection => width,
+                    };
                     if unit_offset {
-                        RmsNorm::load_unit_offset(scope.pp(part), head_dim, eps)
+                        RmsNorm::load_unit_offset(scope.pp(part), size, eps)
                     } else {
-                        RmsNorm::load(scope.pp(part), head_dim, eps)
+                        RmsNorm::load(scope.pp(part), size, eps)
                     }
                 };
-                Some((norm("q_norm")?, norm("k_norm")?))
+                let norms = (norm("q_norm", query_width)?, norm("k_norm", kv_width)?);
+                Some((norms, span))
             }
         };
-        let mut linear =
-            |part: &str, d_in, d_out, bias| Linear::load_torch(scope.pp(part), d_in, d_out, bias);
+        let widths = [query_width, kv_width, kv_width];
+        let [q_proj, k_proj, v_proj] = match qkv {
+            QkvWeights::Separate => {
+                let mut linear =
+                    |part: &str, width| Linear::load_torch(scope.pp(part), hidden, width, qkv_bias);
+                [
+                    linear("q_proj", widths[0])?,
+                    linear("k_proj", widths[1])?,
+                    linear("v_proj", widths[2])?,
+                ]
+            }
+            QkvWeights::Fused(name, layout) => {
+                let stored = widths.iter().sum();
+                let parts = Linear::split(&widths, layout);
+                let mut part = |outputs: &[usize]| {
+                    Linear::load_torch_part(scope.pp(name), hidden, stored, outputs, qkv_bias)
+                };
+                [part(&parts[0])?, part(&parts[1])?, part(&parts[2])?]
+            }
+        };
         Ok(ProjectedAttention {
-            q_proj: linear("q_proj", hidden, query_width, qkv_bias)?,
-            k_proj: linear("k_proj", hidden, kv_width, qkv_bias)?,
-            v_proj: linear("v_proj", hidden, kv_width, qkv_bias)?,
-            o_proj: linear("o_proj", heads.heads * head_dim, hidden, o_bias)?,
+            q_proj,
+            k_proj,
+            v_proj,
+            o_proj: Linear::load_torch(scope.pp(output), heads.heads * head_dim, hidden, o_bias)?,
             qk_norm,
             output_gate,
             attention: SoftmaxAttention::new(layer, heads, scores),
@@ -310,15 +367,26 @@ impl ProjectedAttention {
                 .reshape([batch, tokens, heads, 2 * head_dim]);
             let gate = both.clone().slice_dim(3, head_dim..2 * head_dim);
             let gate = gate.reshape([batch, tokens, heads * head_dim]);
-            (both.slice_dim(3, 0..head_dim), Some(gate))
+            (
+                both.slice_dim(3, 0..head_dim)
+                    .reshape([batch, tokens, heads * head_dim]),
+                Some(gate),
+            )
         } else {
-            (per_head(self.q_proj.forward(x.clone()), heads), None)
+            (self.q_proj.forward(x.clone()), None)
         };
-        let k = per_head(self.k_proj.forward(x.clone()), attention.kv_heads);
+        let k = self.k_proj.forward(x.clone());
         let v = per_head(self.v_proj.forward(x), attention.kv_heads);
         let (q, k) = match &self.qk_norm {
-            Some((q_norm, k_norm)) => (q_norm.forward(q), k_norm.forward(k)),
-            None => (q, k),
+            Some(((q_norm, k_norm), QkNormSpan::Projection)) => (
+                per_head(q_norm.forward(q), heads),
+                per_head(k_norm.forward(k), attention.kv_heads),
+            ),
+            Some(((q_norm, k_norm), QkNormSpan::PerHead)) => (
+                q_norm.forward(per_head(q, heads)),
+                k_norm.forward(per_head(k, attention.kv_heads)),
+            ),
+            None => (per_head(q, heads), per_head(k, attention.kv_heads)),
         };
         let (cos, sin) = rotary;
         let q = Rotary::apply(q.swap_dims(1, 2), cos, sin);

@@ -1,9 +1,10 @@
 //! The pre-norm decoder of Llama and of Llama-style hybrids (Bamba, Qwen3-Next, Qwen3.5): each
 //! layer is softmax attention with rotary positions or another sequence mixer, followed by a
-//! feed-forward part, both behind RMSNorms and residual adds. Gemma's additions are options:
-//! norms on both parts' outputs before their adds (the "sandwich"), a scaled embedding, a
-//! rotary of its own for sliding-window layers, a soft-capped head. The decoder is a
-//! [`CausalLm`] itself, its layout read off its layers.
+//! feed-forward part (a dense MLP or a mixture of experts), both behind RMSNorms and residual
+//! adds. Gemma's and OLMo-2's additions are options: norms on both parts' outputs before their
+//! adds (Gemma's "sandwich"; OLMo-2's post-norms, without the norms before), a scaled
+//! embedding, a rotary of its own for sliding-window layers, a soft-capped head. The decoder is
+//! a [`CausalLm`] itself, its layout read off its layers.
 
 use std::cell::OnceCell;
 
@@ -56,6 +57,24 @@ impl FeedForward for SparseMoe {
     }
 }
 
+/// The feed-forward part of a decoder whose layers mix dense MLPs and mixtures of experts
+/// (Qwen-MoE's `mlp_only_layers` and `decoder_sparse_step`).
+pub enum Mlp {
+    /// A dense gated MLP.
+    Dense(Box<GatedMlp>),
+    /// A sparse mixture of experts.
+    Sparse(Box<SparseMoe>),
+}
+
+impl FeedForward for Mlp {
+    fn feed_forward(&self, x: Tensor<3>) -> Result<Tensor<3>> {
+        match self {
+            Mlp::Dense(mlp) => mlp.feed_forward(x),
+            Mlp::Sparse(moe) => moe.feed_forward(x),
+        }
+    }
+}
+
 /// The mixer of one layer of a hybrid.
 pub enum LayerMixer<M> {
     /// Softmax attention with the model's rotary positions.
@@ -76,24 +95,25 @@ impl<M: Mixer> LayerMixer<M> {
 
 /// One layer: `h + mixer(input_norm(h))`, then `h + feed_forward(post_norm(h))`; with
 /// output norms, `h + output_norms.mixer(mixer(input_norm(h)))` and likewise for the
-/// feed-forward part.
+/// feed-forward part. A layer without input norms (OLMo-2) feeds `h` itself to both parts.
 pub struct DecoderLayer<M, F> {
-    /// The norm before the mixer.
-    pub input_norm: RmsNorm,
+    /// The norm before the mixer, if the layer has one.
+    pub input_norm: Option<RmsNorm>,
     /// The mixer.
     pub mixer: LayerMixer<M>,
-    /// The norm before the feed-forward part.
-    pub post_norm: RmsNorm,
+    /// The norm before the feed-forward part, if the layer has one.
+    pub post_norm: Option<RmsNorm>,
     /// The feed-forward part.
     pub feed_forward: F,
     /// Norms of both parts' outputs before their residual adds, if the layer has them.
     pub output_norms: Option<OutputNorms>,
 }
 
-/// The norms a sandwich-norm layer (Gemma 2 and 3) applies to its parts' outputs: what they
-/// return is what the layer adds to the residual stream (`attention_output`, `mlp_output`).
+/// The norms a sandwich-norm layer (Gemma 2 and 3) or a post-norm layer (OLMo-2) applies to
+/// its parts' outputs: what they return is what the layer adds to the residual stream
+/// (`attention_output`, `mlp_output`).
 pub struct OutputNorms {
-    /// After the mixer (Gemma's `post_attention_layernorm`).
+    /// After the mixer (`post_attention_layernorm`).
     pub mixer: RmsNorm,
     /// After the feed-forward part (`post_feedforward_layernorm`).
     pub feed_forward: RmsNorm,
@@ -110,6 +130,10 @@ pub struct DecoderOptions {
     pub sliding_rotary: Option<Rotary>,
     /// Soft-capping of the logits: `cap · tanh(logits / cap)` (Gemma 2).
     pub logit_softcap: Option<f64>,
+    /// A context length past which generation recomputes the whole sequence once, at the first
+    /// step whose sequence outgrows it (Phi-3's `original_max_position_embeddings`: see
+    /// [`CausalLm::recomputes`]).
+    pub recompute_beyond: Option<usize>,
 }
 
 /// The parts of a [`HybridDecoder`], as an adapter loads them.
@@ -158,9 +182,24 @@ impl<M: Mixer, F: FeedForward> HybridDecoder<M, F> {
     }
 }
 
+/// `x` through `norm`, if there is one.
+fn normed(norm: &Option<RmsNorm>, x: Tensor<3>) -> Tensor<3> {
+    match norm {
+        Some(norm) => norm.forward(x),
+        None => x,
+    }
+}
+
 impl<M: Mixer, F: FeedForward> CausalLm for HybridDecoder<M, F> {
     fn layout(&self) -> &ModelLayout {
         &self.layout
+    }
+
+    fn recomputes(&self, cached: usize, total: usize) -> bool {
+        self.parts
+            .options
+            .recompute_beyond
+            .is_some_and(|context| total > context && cached <= context)
     }
 
     /// One call, serving `token_embeddings` and every layer's sites in contract order.
@@ -182,7 +221,7 @@ impl<M: Mixer, F: FeedForward> CausalLm for HybridDecoder<M, F> {
                 hidden,
                 call,
                 |hidden, call| {
-                    let x = layer.input_norm.forward(hidden);
+                    let x = normed(&layer.input_norm, hidden);
                     let mixed = match &layer.mixer {
                         LayerMixer::Attention(attention) => {
                             let cos_sin = match (&options.sliding_rotary, attention.window()) {
@@ -203,7 +242,7 @@ impl<M: Mixer, F: FeedForward> CausalLm for HybridDecoder<M, F> {
                 Some(|hidden| {
                     let out = layer
                         .feed_forward
-                        .feed_forward(layer.post_norm.forward(hidden))?;
+                        .feed_forward(normed(&layer.post_norm, hidden))?;
                     Ok(match norms {
                         Some(norms) => norms.feed_forward.forward(out),
                         None => out,

@@ -9,12 +9,21 @@
 
 use std::sync::Arc;
 
-use burn::tensor::Tensor;
+use burn::tensor::{Tensor, TensorData};
 
 use super::embedding::{Embedding, Table};
 use crate::cpu::{self, PackedMatrix};
 use crate::error::Result;
 use crate::weights::{Matrix, Orientation, WeightScope};
+
+/// How the parts of a fused projection are laid out along its outputs (see [`Linear::split`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FusedLayout {
+    /// Each part's outputs together, the parts one after another.
+    Blocks,
+    /// Per head, a slice of each part, for this many heads.
+    PerHead(usize),
+}
 
 /// An affine map from the last axis of its input.
 #[derive(Debug, Clone)]
@@ -41,17 +50,24 @@ impl Weight {
         }
     }
 
-    /// Loads the scope's matrix `weight` stored with `shape` in `orientation`.
+    /// Loads the scope's matrix `weight` stored with `shape` in `orientation`, keeping the
+    /// output units `outputs` if given.
     fn load(
         scope: &mut WeightScope<'_, '_>,
         shape: [usize; 2],
         orientation: Orientation,
+        outputs: Option<&[usize]>,
     ) -> Result<Self> {
         let name = scope.key("weight");
-        Ok(match scope.loader().matrix(&name, shape, orientation)? {
-            Matrix::Packed(packed) => Weight::Packed(Arc::new(packed)),
-            Matrix::Tensor(tensor) => Weight::Tensor(tensor),
-        })
+        Ok(
+            match scope
+                .loader()
+                .matrix_outputs(&name, shape, orientation, outputs)?
+            {
+                Matrix::Packed(packed) => Weight::Packed(Arc::new(packed)),
+                Matrix::Tensor(tensor) => Weight::Tensor(tensor),
+            },
+        )
     }
 }
 
@@ -59,7 +75,7 @@ impl Linear {
     /// Loads a GPT-2-style `Conv1D` (the scope's `weight` stored `[in, out]`, and `bias`).
     pub fn load_conv1d(mut scope: WeightScope<'_, '_>, d_in: usize, d_out: usize) -> Result<Self> {
         Ok(Linear {
-            weight: Weight::load(&mut scope, [d_in, d_out], Orientation::InOut)?,
+            weight: Weight::load(&mut scope, [d_in, d_out], Orientation::InOut, None)?,
             bias: Some(scope.tensor("bias", [d_out])?),
         })
     }
@@ -72,12 +88,71 @@ impl Linear {
         d_out: usize,
         bias: bool,
     ) -> Result<Self> {
-        let weight = Weight::load(&mut scope, [d_out, d_in], Orientation::OutIn)?;
+        let weight = Weight::load(&mut scope, [d_out, d_in], Orientation::OutIn, None)?;
         let bias = match bias {
             true => Some(scope.tensor("bias", [d_out])?),
             false => None,
         };
         Ok(Linear { weight, bias })
+    }
+
+    /// One part of a fused torch `nn.Linear` whose `weight` is stored `[stored_out, in]`: the
+    /// map to the output units `outputs` (in that order), with their `bias` entries if `bias`.
+    /// [`Linear::split`] names the parts of the usual layouts.
+    pub fn load_torch_part(
+        mut scope: WeightScope<'_, '_>,
+        d_in: usize,
+        stored_out: usize,
+        outputs: &[usize],
+        bias: bool,
+    ) -> Result<Self> {
+        let shape = [stored_out, d_in];
+        let weight = Weight::load(&mut scope, shape, Orientation::OutIn, Some(outputs))?;
+        let bias = match bias {
+            true => {
+                let bias: Tensor<1> = scope.tensor("bias", [stored_out])?;
+                let indices = outputs.iter().map(|&n| n as i64).collect::<Vec<_>>();
+                let indices =
+                    Tensor::from_data(TensorData::new(indices, [outputs.len()]), &bias.device());
+                Some(bias.select(0, indices))
+            }
+            false => None,
+        };
+        Ok(Linear { weight, bias })
+    }
+
+    /// The output units of each part of a fused projection whose parts have `widths`:
+    /// `Blocks` stores them one after another (`[q | k | v]`, Phi-3's `qkv_proj` and
+    /// `gate_up_proj`), `PerHead(heads)` interleaves them per head (`[q_h | k_h | v_h]` for each
+    /// head `h`, GPT-NeoX's `query_key_value`; each width is then `heads` times its head's).
+    pub fn split(widths: &[usize], layout: FusedLayout) -> Vec<Vec<usize>> {
+        match layout {
+            FusedLayout::Blocks => {
+                let mut start = 0;
+                widths
+                    .iter()
+                    .map(|&width| {
+                        start += width;
+                        (start - width..start).collect()
+                    })
+                    .collect()
+            }
+            FusedLayout::PerHead(heads) => {
+                let per_head: Vec<usize> = widths.iter().map(|w| w / heads.max(1)).collect();
+                let stride: usize = per_head.iter().sum();
+                (0..widths.len())
+                    .map(|part| {
+                        let offset: usize = per_head[..part].iter().sum();
+                        (0..heads)
+                            .flat_map(|h| {
+                                let start = h * stride + offset;
+                                start..start + per_head[part]
+                            })
+                            .collect()
+                    })
+                    .collect()
+            }
+        }
     }
 
     /// A bias-free map from an `[out, in]` matrix, e.g. a language-model head tied to the

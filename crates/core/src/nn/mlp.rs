@@ -2,7 +2,7 @@
 
 use burn::tensor::Tensor;
 
-use super::{Activation, Linear};
+use super::{Activation, FusedLayout, Linear};
 use crate::error::Result;
 use crate::weights::WeightScope;
 
@@ -40,7 +40,17 @@ impl GatedMlp {
     }
 
     /// Loads the scope's `gate_proj`, `up_proj` and `down_proj` (torch layouts).
-    pub fn load(mut scope: WeightScope<'_, '_>, spec: &GatedMlpSpec) -> Result<Self> {
+    pub fn load(scope: WeightScope<'_, '_>, spec: &GatedMlpSpec) -> Result<Self> {
+        GatedMlp::load_named(scope, spec, ["gate_proj", "up_proj", "down_proj"])
+    }
+
+    /// Loads the scope's gate, up and down projections stored under `names` (Mixtral's experts:
+    /// `w1`, `w3`, `w2`).
+    pub fn load_named(
+        mut scope: WeightScope<'_, '_>,
+        spec: &GatedMlpSpec,
+        [gate, up, down]: [&str; 3],
+    ) -> Result<Self> {
         let GatedMlpSpec {
             hidden,
             inner,
@@ -48,8 +58,30 @@ impl GatedMlp {
             activation,
         } = *spec;
         Ok(GatedMlp {
-            gate: Linear::load_torch(scope.pp("gate_proj"), hidden, inner, bias)?,
-            up: Linear::load_torch(scope.pp("up_proj"), hidden, inner, bias)?,
+            gate: Linear::load_torch(scope.pp(gate), hidden, inner, bias)?,
+            up: Linear::load_torch(scope.pp(up), hidden, inner, bias)?,
+            down: Linear::load_torch(scope.pp(down), inner, hidden, bias)?,
+            activation,
+        })
+    }
+
+    /// Loads the scope's fused `gate_up_proj` (`[2I, H]`, the gate's rows first, split at load)
+    /// and `down_proj` (Phi-3).
+    pub fn load_fused(mut scope: WeightScope<'_, '_>, spec: &GatedMlpSpec) -> Result<Self> {
+        let GatedMlpSpec {
+            hidden,
+            inner,
+            bias,
+            activation,
+        } = *spec;
+        let parts = Linear::split(&[inner, inner], FusedLayout::Blocks);
+        let stored = 2 * inner;
+        let mut part = |outputs: &[usize]| {
+            Linear::load_torch_part(scope.pp("gate_up_proj"), hidden, stored, outputs, bias)
+        };
+        Ok(GatedMlp {
+            gate: part(&parts[0])?,
+            up: part(&parts[1])?,
             down: Linear::load_torch(scope.pp("down_proj"), inner, hidden, bias)?,
             activation,
         })

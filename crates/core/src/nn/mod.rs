@@ -19,20 +19,21 @@ mod selective_scan;
 
 pub use activation::Activation;
 pub use attention::{
-    ProjectedAttention, ProjectedAttentionSpec, QkNorm, ScoreRules, SoftmaxAttention,
+    ProjectedAttention, ProjectedAttentionSpec, QkNorm, QkNormSpan, QkvWeights, ScoreRules,
+    SoftmaxAttention,
 };
 pub use block::{parallel_residual_block, residual_block};
 pub use conv::CausalConv1d;
 pub use decay::{decay_matrix, pairwise_decay};
 pub use decoder::{
-    DecoderLayer, DecoderOptions, DecoderParts, FeedForward, HybridDecoder, LayerMixer, Mixer,
+    DecoderLayer, DecoderOptions, DecoderParts, FeedForward, HybridDecoder, LayerMixer, Mixer, Mlp,
     NoOtherMixer, OutputNorms,
 };
 pub use elementwise::{exp, sigmoid, silu, soft_cap, softmax_last};
 pub use embedding::Embedding;
-pub use linear::Linear;
+pub use linear::{FusedLayout, Linear};
 pub use mlp::{GatedMlp, GatedMlpSpec};
-pub use moe::{MoeSpec, SparseMoe};
+pub use moe::{MoeSpec, SparseMoe, is_sparse_layer};
 pub use norm::{GatedRmsNorm, LayerNorm, RmsNorm};
 pub use recurrent::{Recurrence, RecurrentSites};
 pub use rope::{Rope, RopeParameters, RopeRules, RotaryFraction};

@@ -1,7 +1,8 @@
-//! The sparse mixture-of-experts block of Qwen-style decoders: a router picks the top `k`
-//! experts per token from a softmax over `E`, the chosen gated MLPs run on their tokens only,
-//! their outputs are summed with the router's weights, and an optional shared expert, scaled by
-//! `sigmoid(shared_expert_gate(x))`, is added.
+//! The sparse mixture-of-experts block of Mixtral and the Qwen MoE decoders ("Mixtral of
+//! Experts", Jiang et al. 2024): a router picks the top `k` experts per token from a softmax
+//! over `E`, the chosen gated MLPs run on their tokens only, their outputs are summed with the
+//! router's weights, and an optional shared expert, scaled by `sigmoid(shared_expert_gate(x))`,
+//! is added (Qwen2-MoE, Qwen3-Next).
 
 use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorData, activation};
 
@@ -28,6 +29,20 @@ pub struct MoeSpec {
     pub activation: Activation,
 }
 
+/// Whether layer `index` of a Qwen-MoE-style decoder is sparse: the config has experts, the
+/// layer is not in `mlp_only_layers`, and `index + 1` is a multiple of `decoder_sparse_step`
+/// (a step of 0 counts as 1).
+pub fn is_sparse_layer(
+    index: usize,
+    experts: usize,
+    decoder_sparse_step: usize,
+    mlp_only_layers: &[usize],
+) -> bool {
+    experts > 0
+        && !mlp_only_layers.contains(&index)
+        && (index + 1).is_multiple_of(decoder_sparse_step.max(1))
+}
+
 /// A loaded mixture-of-experts block.
 #[derive(Debug, Clone)]
 pub struct SparseMoe {
@@ -40,9 +55,9 @@ pub struct SparseMoe {
 impl SparseMoe {
     /// Loads the scope's `gate` (the router), the experts, and `shared_expert` with
     /// `shared_expert_gate`. Experts are read per expert
-    /// (`experts.{e}.{gate,up,down}_proj.weight`) or fused (`experts.gate_up_proj`
-    /// `[E, 2I, H]`, gate rows first, and `experts.down_proj` `[E, H, I]`), whichever the
-    /// checkpoint stores.
+    /// (`experts.{e}.{gate,up,down}_proj.weight`, or Mixtral's `experts.{e}.{w1,w3,w2}`) or
+    /// fused (`experts.gate_up_proj` `[E, 2I, H]`, gate rows first, and `experts.down_proj`
+    /// `[E, H, I]`), whichever the checkpoint stores.
     pub fn load(mut scope: WeightScope<'_, '_>, spec: &MoeSpec) -> Result<Self> {
         let MoeSpec {
             hidden,
@@ -87,8 +102,12 @@ impl SparseMoe {
                 bias: false,
                 activation,
             };
+            let names = match scope.contains("experts.0.w1.weight") {
+                true => ["w1", "w3", "w2"],
+                false => ["gate_proj", "up_proj", "down_proj"],
+            };
             (0..experts)
-                .map(|e| GatedMlp::load(scope.pp(format!("experts.{e}")), &mlp))
+                .map(|e| GatedMlp::load_named(scope.pp(format!("experts.{e}")), &mlp, names))
                 .collect::<Result<_>>()?
         };
         let shared = match spec.shared_inner {

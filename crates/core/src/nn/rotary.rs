@@ -1,7 +1,10 @@
 //! Rotary position embeddings (RoFormer, Su et al. 2021) with the scalings `transformers`
-//! declares in `rope_parameters` / `rope_scaling`: `default`, `linear`, `dynamic` and `llama3`.
+//! declares in `rope_parameters` / `rope_scaling`: `default`, `linear`, `dynamic`, `llama3`,
+//! `yarn` (Peng et al. 2023) and `longrope` (Ding et al. 2024), each computed in f32 as
+//! `transformers` computes it.
 //!
-//! The rotation pairs dimension `i` with `i + D/2` (the "rotate half" convention).
+//! [`Rotary::apply`] pairs dimension `i` with `i + D/2` (the "rotate half" convention of
+//! GPT-NeoX and Llama); [`Rotary::apply_interleaved`] pairs `2i` with `2i + 1` (GPT-J's).
 
 use std::f64::consts::PI;
 
@@ -35,6 +38,37 @@ pub enum RopeScaling {
         /// `original_max_position_embeddings`.
         original_max_positions: f64,
     },
+    /// YaRN: low frequencies divided by `factor` (interpolated), high ones kept
+    /// (extrapolated), a linear ramp between over the dimensions whose wavelengths fall between
+    /// `beta_fast` and `beta_slow` rotations in the pretraining context; cos and sin scaled by
+    /// `attention_factor`.
+    Yarn {
+        /// `factor`.
+        factor: f64,
+        /// `original_max_position_embeddings`.
+        original_max_positions: f64,
+        /// `beta_fast`.
+        beta_fast: f64,
+        /// `beta_slow`.
+        beta_slow: f64,
+        /// Whether the ramp's ends are rounded outwards to whole dimensions (`truncate`).
+        truncate: bool,
+        /// The factor on cos and sin.
+        attention_factor: f64,
+    },
+    /// LongRoPE (Phi-3): each frequency divided by its own factor, `short_factor`'s while a
+    /// call's positions stay within `original_max_positions`, `long_factor`'s beyond (decided
+    /// per call, as `transformers` decides it); cos and sin scaled by `attention_factor`.
+    LongRope {
+        /// Per-frequency factors within the pretraining context.
+        short_factor: Vec<f64>,
+        /// Per-frequency factors beyond it.
+        long_factor: Vec<f64>,
+        /// `original_max_position_embeddings`.
+        original_max_positions: usize,
+        /// The factor on cos and sin.
+        attention_factor: f64,
+    },
 }
 
 /// Rotary embedding of one head dimension.
@@ -56,6 +90,11 @@ impl Rotary {
         }
     }
 
+    /// The rotated dimensions.
+    pub fn dims(&self) -> usize {
+        self.head_dim
+    }
+
     /// Inverse frequencies for a call whose largest position is `max_position`.
     fn inv_freq(&self, max_position: usize) -> Vec<f32> {
         let dim = self.head_dim as f64;
@@ -70,19 +109,56 @@ impl Rotary {
             }
             _ => self.theta,
         };
-        (0..self.head_dim / 2)
-            .map(|i| {
-                // Computed in f32 like transformers: `base ** (arange(0, dim, 2).float() / dim)`.
-                let exponent = (2 * i) as f32 / self.head_dim as f32;
-                let inv = 1.0 / (base as f32).powf(exponent);
-                self.scale(inv)
-            })
-            .collect()
+        // Computed in f32 like transformers: `base ** (arange(0, dim, 2).float() / dim)`.
+        let powers = (0..self.head_dim / 2)
+            .map(|i| (base as f32).powf((2 * i) as f32 / self.head_dim as f32));
+        match &self.scaling {
+            RopeScaling::Yarn {
+                factor,
+                original_max_positions,
+                beta_fast,
+                beta_slow,
+                truncate,
+                ..
+            } => {
+                let (low, high) = yarn_ramp(
+                    dim,
+                    base,
+                    *original_max_positions,
+                    (*beta_fast, *beta_slow),
+                    *truncate,
+                );
+                powers
+                    .enumerate()
+                    .map(|(i, power)| {
+                        let ramp = ((i as f32 - low as f32) / (high - low) as f32).clamp(0.0, 1.0);
+                        let extrapolation = 1.0 - ramp;
+                        let interpolated = 1.0 / (*factor as f32 * power);
+                        interpolated * (1.0 - extrapolation) + (1.0 / power) * extrapolation
+                    })
+                    .collect()
+            }
+            RopeScaling::LongRope {
+                short_factor,
+                long_factor,
+                original_max_positions,
+                ..
+            } => {
+                let factors = match max_position + 1 > *original_max_positions {
+                    true => long_factor,
+                    false => short_factor,
+                };
+                powers
+                    .zip(factors)
+                    .map(|(power, factor)| 1.0 / (*factor as f32 * power))
+                    .collect()
+            }
+            _ => powers.map(|power| self.scale(1.0 / power)).collect(),
+        }
     }
 
     fn scale(&self, inv: f32) -> f32 {
         match self.scaling {
-            RopeScaling::Default | RopeScaling::Dynamic { .. } => inv,
             RopeScaling::Linear { factor } => inv / factor as f32,
             RopeScaling::Llama3 {
                 factor,
@@ -104,6 +180,20 @@ impl Rotary {
                     (1.0 - smooth) * inv / factor + smooth * inv
                 }
             }
+            _ => inv,
+        }
+    }
+
+    /// The factor on cos and sin (YaRN's and LongRoPE's attention factor; else 1).
+    fn attention_factor(&self) -> Option<f32> {
+        match self.scaling {
+            RopeScaling::Yarn {
+                attention_factor, ..
+            }
+            | RopeScaling::LongRope {
+                attention_factor, ..
+            } if attention_factor != 1.0 => Some(attention_factor as f32),
+            _ => None,
         }
     }
 
@@ -120,7 +210,11 @@ impl Rotary {
         let freqs = positions.clone().float().unsqueeze_dim::<3>(2) * inv_freq;
         let angles =
             Tensor::cat(vec![freqs.clone(), freqs], 2).reshape([batch, 1, tokens, self.head_dim]);
-        (angles.clone().cos(), angles.sin())
+        let (cos, sin) = (angles.clone().cos(), angles.sin());
+        match self.attention_factor() {
+            Some(factor) => (cos * factor, sin * factor),
+            None => (cos, sin),
+        }
     }
 
     /// Rotates `[B, heads, T, D]` queries or keys. With partial rotary (`cos` narrower than
@@ -144,4 +238,51 @@ impl Rotary {
             None => x,
         }
     }
+
+    /// As [`Rotary::apply`], with GPT-J's pairing: dimension `2i` rotates with `2i + 1` by the
+    /// `i`-th frequency. (The pairs are gathered into halves, rotated, and put back.)
+    pub fn apply_interleaved(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
+        let [batch, heads, tokens, dim] = x.dims();
+        let rotary = cos.dims()[3];
+        let (rotated, pass) = if rotary < dim {
+            let pass = x.clone().slice_dim(3, rotary..dim);
+            (x.slice_dim(3, 0..rotary), Some(pass))
+        } else {
+            (x, None)
+        };
+        let halves = |x: Tensor<4>, shape: [usize; 5]| -> Tensor<4> {
+            x.reshape(shape)
+                .swap_dims(3, 4)
+                .reshape([batch, heads, tokens, rotary])
+        };
+        let pairs = [batch, heads, tokens, rotary / 2, 2];
+        let halved = halves(rotated, pairs);
+        let turned = Rotary::apply(halved, cos, sin);
+        let x = halves(turned, [batch, heads, tokens, 2, rotary / 2]);
+        match pass {
+            Some(pass) => Tensor::cat(vec![x, pass], 3),
+            None => x,
+        }
+    }
+}
+
+/// The dimensions between which YaRN's ramp runs, as transformers' `find_correction_range`
+/// computes them (in f64).
+fn yarn_ramp(
+    dim: f64,
+    base: f64,
+    original_max_positions: f64,
+    (beta_fast, beta_slow): (f64, f64),
+    truncate: bool,
+) -> (f64, f64) {
+    let correction = |rotations: f64| {
+        dim * (original_max_positions / (rotations * 2.0 * PI)).ln() / (2.0 * base.ln())
+    };
+    let (mut low, mut high) = (correction(beta_fast), correction(beta_slow));
+    if truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, high) = (low.max(0.0), high.min(dim - 1.0));
+    // transformers' guard against a zero-width ramp.
+    (low, if low == high { high + 0.001 } else { high })
 }

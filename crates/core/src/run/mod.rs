@@ -82,7 +82,8 @@ impl Model {
     /// `run`'s reads and writes (interventions alone are a run).
     ///
     /// Step 0 is the prompt call (full logits `[B, prompt_len, V]`), each later step feeds the
-    /// token the previous one chose. A read or write binds to exactly the steps it names; a
+    /// token the previous one chose (the whole sequence, from a fresh cache, where the model
+    /// [recomputes](crate::CausalLm::recomputes) it). A read or write binds to exactly the steps it names; a
     /// write at step k reaches later steps only through the cache and the tokens it changes.
     /// A row that produces an EOS token is padded from then on; generation stops when every
     /// row has ended.
@@ -135,7 +136,12 @@ impl Model {
         let mut top_next_tokens = vec![Vec::new(); batch.batch_size()];
         let mut steps = 0;
         while steps < config.max_new_tokens && !ended.iter().all(|e| *e) {
-            let fed: Vec<Vec<u32>> = if steps == 0 || !config.use_cache {
+            // Every row is as long as the others (ended rows are padded).
+            let total = ids.first().map_or(0, Vec::len);
+            let recompute = steps == 0
+                || !config.use_cache
+                || self.network().recomputes(total.saturating_sub(1), total);
+            let fed: Vec<Vec<u32>> = if recompute {
                 pass.state.cache = self.network().new_cache();
                 ids.clone()
             } else {

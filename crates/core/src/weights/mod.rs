@@ -256,23 +256,57 @@ impl<'a> WeightLoader<'a> {
         shape: [usize; 2],
         orientation: Orientation,
     ) -> Result<Matrix> {
+        self.matrix_outputs(name, shape, orientation, None)
+    }
+
+    /// As [`WeightLoader::matrix`], keeping only the output units `outputs` (in that order), or
+    /// all of them: one part of a fused projection (Phi-3's `qkv_proj`, GPT-NeoX's per-head
+    /// `query_key_value`), split at load so that each part is a matrix of its own. Every index
+    /// must be below the stored output size (the caller derives them from the same config as
+    /// `shape`).
+    pub(crate) fn matrix_outputs(
+        &mut self,
+        name: &str,
+        shape: [usize; 2],
+        orientation: Orientation,
+        outputs: Option<&[usize]>,
+    ) -> Result<Matrix> {
         let [rows, columns] = shape;
-        let d_in_out = match orientation {
-            Orientation::InOut => [rows, columns],
-            Orientation::OutIn => [columns, rows],
+        let (d_in, stored_out) = match orientation {
+            Orientation::InOut => (rows, columns),
+            Orientation::OutIn => (columns, rows),
         };
+        let output = move |n: usize| outputs.map_or(n, |outputs| outputs[n]);
+        let d_in_out = [d_in, outputs.map_or(stored_out, <[usize]>::len)];
         let index = move |k: usize, n: usize| match orientation {
-            Orientation::InOut => k * columns + n,
-            Orientation::OutIn => n * columns + k,
+            Orientation::InOut => k * columns + output(n),
+            Orientation::OutIn => output(n) * columns + k,
         };
         if !is_cpu(&self.device) {
             let tensor = self.tensor(name, shape)?;
-            return Ok(Matrix::Tensor(Box::new(match orientation {
+            let tensor = match orientation {
                 Orientation::InOut => tensor,
                 Orientation::OutIn => tensor.transpose(),
-            })));
+            };
+            let tensor = match outputs {
+                None => tensor,
+                Some(outputs) => {
+                    // Counted as a whole by `tensor`: count only the part kept.
+                    let dropped = stored_out.saturating_sub(outputs.len()) * d_in;
+                    self.parameters = self.parameters.saturating_sub(dropped);
+                    self.weight_bytes = self
+                        .weight_bytes
+                        .saturating_sub(dropped * std::mem::size_of::<f32>());
+                    let indices = outputs.iter().map(|&n| n as i64).collect::<Vec<_>>();
+                    let indices =
+                        Tensor::from_data(TensorData::new(indices, [outputs.len()]), &self.device);
+                    tensor.select(1, indices)
+                }
+            };
+            return Ok(Matrix::Tensor(Box::new(tensor)));
         }
-        let elements = self.elements(name, &shape)?;
+        self.elements(name, &shape)?;
+        let elements = d_in_out[0].saturating_mul(d_in_out[1]);
         let packed = match &self.source {
             WeightSource::Checkpoint(checkpoint) => match checkpoint.stored(name) {
                 Ok(stored) if stored.shape == shape => {

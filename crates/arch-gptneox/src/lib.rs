@@ -1,23 +1,28 @@
-//! # GPT-NeoX, as a hookscope plugin
+//! # GPT-NeoX
 //!
 //! "GPT-NeoX-20B: An Open-Source Autoregressive Language Model" (Black et al., 2022), the
-//! architecture of the Pythia suite: LayerNorm, a fused per-head `query_key_value`, partial
-//! rotary positions (`rotary_pct` / `partial_rotary_factor`), a GELU MLP, a parallel residual
-//! (`use_parallel_residual`) and an untied `embed_out` head.
+//! architecture of the Pythia suite ("Pythia: A Suite for Analyzing Large Language Models
+//! Across Training and Scaling", Biderman et al., 2023): LayerNorm, a fused per-head
+//! `query_key_value` (split into queries, keys and values at load), partial rotary positions
+//! (`rotary_pct` / `partial_rotary_factor`, rotate-half pairing), a GELU MLP, a parallel
+//! residual (`use_parallel_residual`: both parts read the block's input, as
+//! `attention_output` and `mlp_output` then do) or a sequential one, and an untied
+//! `embed_out` head.
 //!
-//! Built as a `cdylib` and loaded at run time: `hookscope --plugin
-//! target/debug/libhookscope_plugin_gptneox.so conformance`. It uses only hookscope-core's
-//! public API, as an out-of-tree adapter would.
+//! `GPTNeoXForCausalLM` as `transformers` 5.x stores it: `gpt_neox.embed_in`,
+//! `gpt_neox.layers.{i}`, `gpt_neox.final_layer_norm`, `embed_out`.
 
 use hookscope_core::burn::tensor::Tensor;
 use hookscope_core::config::{AttentionHeads, HeadDim, HeadKeys};
 use hookscope_core::nn::{
-    Activation, Embedding, LayerNorm, Linear, Rotary, ScoreRules, SoftmaxAttention,
+    Activation, Embedding, FusedLayout, LayerNorm, Linear, ProjectedAttention,
+    ProjectedAttentionSpec, QkvWeights, Rope, RopeParameters, RopeRules, Rotary, RotaryFraction,
     parallel_residual_block, residual_block,
 };
-use hookscope_core::nn::{Rope, RopeParameters, RopeRules, RotaryFraction};
 use hookscope_core::schema::LayerSpec;
-use hookscope_core::{ArchConfig, Call, CausalLm, ModelLayout, Result, Site, WeightLoader};
+use hookscope_core::{
+    ArchConfig, Architecture, Call, CausalLm, ModelLayout, Result, Site, WeightLoader,
+};
 use serde::Deserialize;
 
 /// `config.json` of a GPT-NeoX checkpoint (the fields the forward pass depends on).
@@ -33,6 +38,9 @@ pub struct GptNeoxConfig {
     pub num_hidden_layers: usize,
     /// Attention heads.
     pub num_attention_heads: usize,
+    /// Longest sequence (the scaled rotary types' reference).
+    #[serde(default = "default_positions")]
+    pub max_position_embeddings: usize,
     /// LayerNorm epsilon.
     #[serde(default = "default_eps")]
     pub layer_norm_eps: f64,
@@ -51,6 +59,9 @@ pub struct GptNeoxConfig {
     /// Rotary parameters (new style).
     #[serde(default)]
     pub rope_parameters: Option<RopeParameters>,
+    /// Rotary scaling (old style).
+    #[serde(default)]
+    pub rope_scaling: Option<RopeParameters>,
     /// Rotated fraction of each head (old style).
     #[serde(default)]
     pub rotary_pct: Option<f64>,
@@ -59,6 +70,9 @@ pub struct GptNeoxConfig {
     pub rotary_emb_base: Option<f64>,
 }
 
+fn default_positions() -> usize {
+    2048
+}
 fn default_eps() -> f64 {
     1e-5
 }
@@ -72,22 +86,22 @@ fn default_true() -> bool {
 impl GptNeoxConfig {
     fn rope(&self, config: &ArchConfig) -> Result<Rope> {
         let rules = RopeRules {
-            scaled: None,
+            scaled: Some(self.max_position_embeddings),
+            original_max_positions: None,
             theta: self.rotary_emb_base,
             fraction: RotaryFraction::Configured {
                 legacy: self.rotary_pct,
                 default: 0.25,
             },
         };
-        Rope::parse(config, self.rope_parameters.as_ref(), rules)
+        let params = self.rope_parameters.as_ref().or(self.rope_scaling.as_ref());
+        Rope::parse(config, params, rules)
     }
 }
 
 struct Block {
     input_norm: LayerNorm,
-    qkv: Linear,
-    dense: Linear,
-    attention: SoftmaxAttention,
+    attention: ProjectedAttention,
     post_attention_norm: LayerNorm,
     up: Linear,
     down: Linear,
@@ -96,7 +110,7 @@ struct Block {
 /// A loaded GPT-NeoX.
 pub struct GptNeox {
     layout: ModelLayout,
-    config: GptNeoxConfig,
+    parallel: bool,
     activation: Activation,
     rotary: Rotary,
     embed_in: Embedding,
@@ -111,56 +125,51 @@ impl GptNeox {
         let config: GptNeoxConfig = arch_config.parse()?;
         let activation = Activation::from_config(arch_config, "hidden_act", &config.hidden_act)?;
         let h = config.hidden_size;
-        let attention_heads = AttentionHeads::check(
+        let heads = AttentionHeads::check(
             arch_config,
             HeadKeys::LLAMA,
             (h, config.num_attention_heads, None),
             HeadDim::Split,
         )?;
-        let AttentionHeads {
-            heads, head_dim, ..
-        } = attention_heads;
-        let rotary = config.rope(arch_config)?.rotary(head_dim);
+        let rotary = config
+            .rope(arch_config)?
+            .rotary(arch_config, heads.head_dim)?;
         let eps = config.layer_norm_eps;
         let bias = config.attention_bias;
+        let inner = config.intermediate_size;
         let mut gpt_neox = loader.pp("gpt_neox");
         let embed_in = Embedding::load(gpt_neox.pp("embed_in"), config.vocab_size, h)?;
         let blocks = (0..config.num_hidden_layers)
             .map(|i| {
                 let mut layer = gpt_neox.pp(format!("layers.{i}"));
+                let attention = ProjectedAttentionSpec {
+                    qkv: QkvWeights::Fused("query_key_value", FusedLayout::PerHead(heads.heads)),
+                    output: "dense",
+                    qkv_bias: bias,
+                    o_bias: bias,
+                    ..ProjectedAttentionSpec::new(i, h, heads)
+                };
                 Ok(Block {
                     input_norm: LayerNorm::load(layer.pp("input_layernorm"), h, eps)?,
-                    qkv: Linear::load_torch(layer.pp("attention.query_key_value"), h, 3 * h, bias)?,
-                    dense: Linear::load_torch(layer.pp("attention.dense"), h, h, bias)?,
-                    attention: SoftmaxAttention::new(i, attention_heads, ScoreRules::default()),
+                    attention: ProjectedAttention::load(layer.pp("attention"), &attention)?,
                     post_attention_norm: LayerNorm::load(
                         layer.pp("post_attention_layernorm"),
                         h,
                         eps,
                     )?,
-                    up: Linear::load_torch(
-                        layer.pp("mlp.dense_h_to_4h"),
-                        h,
-                        config.intermediate_size,
-                        true,
-                    )?,
-                    down: Linear::load_torch(
-                        layer.pp("mlp.dense_4h_to_h"),
-                        config.intermediate_size,
-                        h,
-                        true,
-                    )?,
+                    up: Linear::load_torch(layer.pp("mlp.dense_h_to_4h"), h, inner, true)?,
+                    down: Linear::load_torch(layer.pp("mlp.dense_4h_to_h"), inner, h, true)?,
                 })
             })
             .collect::<Result<_>>()?;
         let final_norm = LayerNorm::load(gpt_neox.pp("final_layer_norm"), h, eps)?;
         let tied = config.tie_word_embeddings;
         let embed_out = Linear::head(loader.pp("embed_out"), &embed_in, tied)?;
-        let layer = LayerSpec::attention(heads, heads, head_dim);
+        let layer = LayerSpec::attention(heads.heads, heads.kv_heads, heads.head_dim);
         Ok(GptNeox {
             layout: ModelLayout::uniform(h, config.vocab_size, layer, config.num_hidden_layers),
+            parallel: config.use_parallel_residual,
             rotary,
-            config,
             activation,
             embed_in,
             blocks,
@@ -176,36 +185,21 @@ impl CausalLm for GptNeox {
     }
 
     fn forward(&self, call: &mut Call<'_>) -> Result<Tensor<3>> {
-        let [batch, tokens] = call.dims();
         let embeddings = self.embed_in.forward(call.input_ids());
         let mut hidden = call.visit(Site::TokenEmbeddings, embeddings)?;
-        let (cos, sin) = self.rotary.cos_sin(&call.position_ids());
+        let cos_sin = self.rotary.cos_sin(&call.position_ids());
         for (layer, block) in self.blocks.iter().enumerate() {
-            let attention = &block.attention;
-            let AttentionHeads {
-                heads, head_dim, ..
-            } = attention.heads();
             let mixer = |hidden: Tensor<3>, call: &mut Call<'_>| {
-                // Per head, the fused projection holds [q | k | v], each `head_dim` wide.
-                let qkv = block
-                    .qkv
-                    .forward(block.input_norm.forward(hidden))
-                    .reshape([batch, tokens, heads, 3 * head_dim])
-                    .swap_dims(1, 2);
-                let part = |i: usize| qkv.clone().slice_dim(3, i * head_dim..(i + 1) * head_dim);
-                let q = Rotary::apply(part(0), &cos, &sin);
-                let k = Rotary::apply(part(1), &cos, &sin);
-                let mixed = attention.forward(q, k, part(2), call)?;
-                Ok(block.dense.forward(mixed))
+                let x = block.input_norm.forward(hidden);
+                block.attention.forward(x, &cos_sin, call)
             };
             let mlp = |x: Tensor<3>| {
                 let inner = block.up.forward(block.post_attention_norm.forward(x));
                 Ok(block.down.forward(self.activation.forward(inner)))
             };
-            hidden = if self.config.use_parallel_residual {
-                parallel_residual_block(layer, hidden, call, mixer, mlp)?
-            } else {
-                residual_block(layer, hidden, call, mixer, Some(mlp))?
+            hidden = match self.parallel {
+                true => parallel_residual_block(layer, hidden, call, mixer, mlp)?,
+                false => residual_block(layer, hidden, call, mixer, Some(mlp))?,
             };
         }
         Ok(self.unembed(hidden))
@@ -216,12 +210,13 @@ impl CausalLm for GptNeox {
     }
 }
 
-hookscope_core::export_plugin!(
-    GptNeox,
+/// GPT-NeoX, as the registry lists it.
+pub static ARCHITECTURE: Architecture = Architecture {
     name: "gpt_neox",
-    model_types: ["gpt_neox"],
-    architectures: ["GPTNeoXForCausalLM"],
+    model_types: &["gpt_neox"],
+    architectures: &["GPTNeoXForCausalLM"],
+    load: |config, loader| Ok(Box::new(GptNeox::load(config, loader)?)),
     tiny_config: r#"{"model_type": "gpt_neox", "vocab_size": 61, "hidden_size": 16,
         "intermediate_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
         "rotary_pct": 0.5, "eos_token_id": 60}"#,
-);
+};
