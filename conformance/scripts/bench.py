@@ -68,6 +68,13 @@ def product_weights(model_dir, weights):
     return weights - config["vocab_size"] * hidden
 
 
+def bytes_read_per_token(model_dir, weight_bytes, dtype):
+    """The weight bytes a decode step reads: all loaded weights but an untied input embedding
+    table, of which a step reads one row (`dtype`: the weights' storage, `f32`/`bf16`/`f16`)."""
+    size = 4 if dtype == "f32" else 2
+    return product_weights(model_dir, weight_bytes / size) * size
+
+
 def time_transformers_forward(model_dir, prompt_len, iters, warmup, dtype=None, batch=1):
     model = load_transformers(model_dir, dtype)
     ids = torch.randint(0, model.config.vocab_size, (batch, prompt_len), generator=torch.Generator().manual_seed(0))
@@ -320,6 +327,8 @@ def print_precision_table(args, model_dir):
     loaded in the same dtype (which also computes in it: AMX/AVX-512 BF16 kernels for bf16)."""
     prompt_len, n = 128, args.new_tokens
     ggufs = dict(item.split("=", 1) for item in args.llama_cpp)
+    probe = time_hookscope(args.hookscope, model_dir, 10, 1, 0, args.threads, unhooked_only=True)
+    print(f"\nCPU: {probe.get('cpu', '?')}, f32 peak {probe['f32_peak_gflops']:.0f} GFLOPS")
     print(f"\n{model_dir.name}: weights in each precision; prompt call of {prompt_len} tokens, "
           f"greedy decode from a 10-token prompt ({n} new tokens)")
     print("| weights | MB | transformers prompt (ms) | hookscope prompt (ms) | prompt vs transformers "
@@ -341,9 +350,10 @@ def print_precision_table(args, model_dir):
         hs_decode = decode_ms({1: runs[0]["no_hooks"]["median_ms"], n: runs[1]["no_hooks"]["median_ms"]}, n)
         read = max(r["read_gb_per_s"] for r in runs + [hs_prompt])
         weights = runs[1]["weight_bytes"]
-        bound = weights / (read * 1e9) * 1e3
+        bound = bytes_read_per_token(model_dir, weights, dtype) / (read * 1e9) * 1e3
         plain = hs_prompt["no_hooks"]["median_ms"]
         label = dtype if matmul is None else f"{dtype}, {matmul} products"
+        label += f" ({hs_prompt.get('product_kernels', '?')} kernels)"
         print(f"| {label} | {weights / 1e6:.0f} | {hf_prompt:.0f} | {plain:.0f} | {hf_prompt / plain:.2f}x "
               f"| {hf_decode:.1f} | {hs_decode:.1f} | {hf_decode / hs_decode:.2f}x | {read:.1f} "
               f"| {100 * bound / hs_decode:.0f}% |")

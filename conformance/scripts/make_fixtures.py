@@ -974,6 +974,32 @@ def make_bench_gemma2_2b(directory):
     model.save_pretrained(Path(directory), safe_serialization=True, max_shard_size="2GB")
 
 
+def make_bench_qwen3_0_6b(directory):
+    """A random model with Qwen3-0.6B's shapes (1024 hidden, 28 layers, 16 query / 8 key-value
+    heads of 128, 3072 intermediate, a 151936-token vocabulary, tied), saved in f32, for the
+    decoder benchmarks."""
+    torch.manual_seed(0)
+    cfg = Qwen3Config(hidden_size=1024, intermediate_size=3072, num_hidden_layers=28, num_attention_heads=16,
+                      num_key_value_heads=8, head_dim=128, vocab_size=151936, max_position_embeddings=40960,
+                      rope_theta=1000000, rms_norm_eps=1e-6, tie_word_embeddings=True)
+    model = Qwen3ForCausalLM(cfg).eval()
+    model.config.dtype = torch.float32
+    model.save_pretrained(Path(directory), safe_serialization=True, max_shard_size="2GB")
+
+
+def make_bench_pythia_410m(directory):
+    """A random model with Pythia-410m's shapes (GPT-NeoX: 1024 hidden, 24 layers, 16 heads of
+    64, 4096 intermediate, a quarter of each head rotated, parallel residual, a 50304-token
+    vocabulary, untied), saved in f32, for the decoder benchmarks."""
+    torch.manual_seed(0)
+    cfg = GPTNeoXConfig(hidden_size=1024, intermediate_size=4096, num_hidden_layers=24, num_attention_heads=16,
+                        vocab_size=50304, rotary_pct=0.25, rotary_emb_base=10000, max_position_embeddings=2048,
+                        use_parallel_residual=True, tie_word_embeddings=False, layer_norm_eps=1e-5)
+    model = GPTNeoXForCausalLM(cfg).eval()
+    model.config.dtype = torch.float32
+    model.save_pretrained(Path(directory), safe_serialization=True, max_shard_size="2GB")
+
+
 def make_bf16_references(names=None):
     """transformers' bf16 logits for each fixture's first prompt (the prompt call, every
     position), stored as computed (bf16) under `logits`. The checkpoint is read as saved, so the weights are
@@ -1025,13 +1051,17 @@ def main():
     parser.add_argument("--bench-llama-7b", type=Path, help="write a 7B Llama-shaped bf16 random model here")
     parser.add_argument("--bench-llama-small", type=Path, help="write a 110M Llama-shaped f32 random model here")
     parser.add_argument("--bench-gemma2-2b", type=Path, help="write a Gemma-2-2B-shaped bf16 random model here")
+    parser.add_argument("--bench-qwen3-0.6b", type=Path, dest="bench_qwen3_0_6b",
+                        help="write a Qwen3-0.6B-shaped f32 random model here")
+    parser.add_argument("--bench-pythia-410m", type=Path, help="write a Pythia-410m-shaped f32 random model here")
     parser.add_argument("--bf16-references", nargs="*", metavar="FIXTURE",
                         help="add transformers' bf16 logits to these committed fixtures (none named: to every one)")
     parser.add_argument("--only", nargs="+", choices=sorted(FAMILIES), help="make only these fixture families")
     args = parser.parse_args()
     torch.set_num_threads(min(4, os.cpu_count() or 1))
     bench = (args.bench_model, args.bench_long_model, args.bench_mamba, args.bench_mamba2, args.bench_qwen3_next, args.bench_llama_1b,
-             args.bench_llama_7b, args.bench_llama_small, args.bench_gemma2_2b)
+             args.bench_llama_7b, args.bench_llama_small, args.bench_gemma2_2b, args.bench_qwen3_0_6b,
+             args.bench_pythia_410m)
     if any(bench):
         if args.bench_llama_1b:
             make_bench_llama(args.bench_llama_1b, "1b")
@@ -1041,6 +1071,10 @@ def main():
             make_bench_llama(args.bench_llama_small, "small")
         if args.bench_gemma2_2b:
             make_bench_gemma2_2b(args.bench_gemma2_2b)
+        if args.bench_qwen3_0_6b:
+            make_bench_qwen3_0_6b(args.bench_qwen3_0_6b)
+        if args.bench_pythia_410m:
+            make_bench_pythia_410m(args.bench_pythia_410m)
         if args.bench_model:
             make_bench_model(args.bench_model)
         if args.bench_long_model:

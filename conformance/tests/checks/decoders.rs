@@ -3,7 +3,9 @@
 //! expert sets would allocate gigabytes of random weights), loads and runs under the
 //! architecture that serves it.
 
-use crate::common::random_run;
+use crate::common::{copy_fixture, load, load_fixture, max_diff, random_run};
+use crate::common::{floats, read_tensors, write_tensors};
+use hookscope::Interventions;
 
 /// `Qwen/Qwen3-30B-A3B`, at 1 of its 48 layers and 16 of its 128 experts.
 const QWEN3_30B_A3B: &str = r#"{
@@ -131,4 +133,69 @@ fn longrope_factors_must_cover_the_rotated_pairs() {
         message.contains("short_factor field must have length 48, got 47"),
         "{message}"
     );
+}
+
+/// Rewrites a per-expert Mixtral checkpoint (the hub's `block_sparse_moe.experts.{e}.w1/w3/w2`,
+/// as transformers saves it) into transformers' in-memory layout: `mlp.gate`, fused
+/// `mlp.experts.gate_up_proj` `[E, 2I, H]` (gate rows first) and `mlp.experts.down_proj`
+/// `[E, H, I]`.
+fn fuse_mixtral_experts(dir: &std::path::Path, layers: usize, experts: usize) {
+    let path = dir.join("model.safetensors");
+    let mut tensors = read_tensors(&path);
+    for layer in 0..layers {
+        let old = format!("model.layers.{layer}.block_sparse_moe");
+        let new = format!("model.layers.{layer}.mlp");
+        let gate = tensors.remove(&format!("{old}.gate.weight")).unwrap();
+        tensors.insert(format!("{new}.gate.weight"), gate);
+        let mut take = |e: usize, w: &str| {
+            tensors
+                .remove(&format!("{old}.experts.{e}.{w}.weight"))
+                .unwrap()
+        };
+        let (mut gate_up, mut down) = (Vec::new(), Vec::new());
+        let (mut inner, mut hidden) = (0, 0);
+        for e in 0..experts {
+            let (dtype, shape, w1) = take(e, "w1");
+            let (_, _, w3) = take(e, "w3");
+            let (_, _, w2) = take(e, "w2");
+            assert_eq!(dtype, safetensors::Dtype::F32);
+            (inner, hidden) = (shape[0], shape[1]);
+            gate_up.extend(w1);
+            gate_up.extend(w3);
+            down.extend(w2);
+        }
+        let dtype = safetensors::Dtype::F32;
+        tensors.insert(
+            format!("{new}.experts.gate_up_proj"),
+            (dtype, vec![experts, 2 * inner, hidden], gate_up),
+        );
+        tensors.insert(
+            format!("{new}.experts.down_proj"),
+            (dtype, vec![experts, hidden, inner], down),
+        );
+    }
+    write_tensors(&path, &tensors);
+}
+
+#[test]
+fn mixtral_experts_load_from_either_layout() {
+    let dir = copy_fixture("mixtral-top2");
+    fuse_mixtral_experts(dir.path(), 2, 4);
+    let stored = read_tensors(&dir.path().join("model.safetensors"));
+    assert!(stored.contains_key("model.layers.1.mlp.experts.gate_up_proj"));
+    assert!(!stored.keys().any(|k| k.contains("block_sparse_moe")));
+    let (hub, fused) = (load_fixture("mixtral-top2"), load(dir.path()).unwrap());
+    assert!(
+        fused.load_report().unused.is_empty(),
+        "{:?}",
+        fused.load_report().unused
+    );
+    let prompt = vec![vec![3, 14, 15, 92, 65, 35]];
+    let logits = |model: &hookscope::Model| {
+        let trace = model
+            .trace(&model.batch(prompt.clone()).unwrap(), &Interventions::new())
+            .unwrap();
+        floats(trace.logits().unwrap().to_data())
+    };
+    assert_eq!(max_diff(&logits(&hub), &logits(&fused)), 0.0);
 }

@@ -92,11 +92,21 @@ fn read_bandwidth_gb_per_s() -> f64 {
     })
 }
 
-/// Independent sums of the peak probe: enough vectors that fused multiply-adds never wait on
-/// each other (24 registers of 16 lanes with AVX-512).
-const PEAK_SUMS: usize = 24 * 16;
 /// Multiply-add rounds per thread and pass of the peak probe (~1 G multiply-adds).
 const PEAK_ROUNDS: usize = 2_500_000;
+
+/// The CPU's model name (`/proc/cpuinfo`'s `model name` on Linux; the architecture elsewhere).
+fn cpu_model() -> String {
+    std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|info| {
+            info.lines()
+                .find_map(|line| line.strip_prefix("model name"))
+                .and_then(|rest| rest.split_once(':'))
+                .map(|(_, name)| name.trim().to_string())
+        })
+        .unwrap_or_else(|| std::env::consts::ARCH.to_string())
+}
 
 /// The f32 arithmetic peak of this machine now, in GFLOPS: fused multiply-adds on every thread,
 /// no memory traffic. Prompt calls are reported as a fraction of it.
@@ -105,24 +115,35 @@ fn f32_peak_gflops() -> f64 {
     (0..5)
         .map(|_| {
             let start = Instant::now();
-            std::thread::scope(|scope| {
-                for _ in 0..threads {
-                    scope.spawn(|| std::hint::black_box(multiply_add_rounds(PEAK_ROUNDS)));
-                }
+            let sums = std::thread::scope(|scope| {
+                let probes: Vec<_> = (0..threads)
+                    .map(|_| scope.spawn(|| multiply_add_rounds(PEAK_ROUNDS)))
+                    .collect();
+                let results: Vec<_> = probes.into_iter().filter_map(|p| p.join().ok()).collect();
+                std::hint::black_box(&results);
+                results.first().map_or(0, |(_, sums)| *sums)
             });
-            let flops = 2.0 * (threads * PEAK_ROUNDS * PEAK_SUMS) as f64;
+            let flops = 2.0 * (threads * PEAK_ROUNDS * sums) as f64;
             flops / start.elapsed().as_secs_f64() / 1e9
         })
         .fold(0.0, f64::max)
 }
 
-/// `rounds` multiply-adds on each of `PEAK_SUMS` independent sums (fused where the target has
-/// it); returns their total so that nothing is optimised away.
+/// `rounds` multiply-adds on each of a number of independent sums (fused where the target has
+/// it); returns their total, so that nothing is optimised away, and how many sums there were:
+/// enough vectors that fused multiply-adds never wait on each other, few enough to stay in
+/// registers (24 of AVX-512's 32 registers of 16 lanes; 12 of AVX2's 16 of 8: more would spill,
+/// and the probe would measure the spills).
 #[multiversion(targets("x86_64+avx512f+fma", "x86_64+avx2+fma"))]
-fn multiply_add_rounds(rounds: usize) -> f32 {
+fn multiply_add_rounds(rounds: usize) -> (f32, usize) {
     const FUSED: bool = selected_target!().supports_feature_str("fma");
+    const SUMS: usize = if selected_target!().supports_feature_str("avx512f") {
+        24 * 16
+    } else {
+        12 * 8
+    };
     let (scale, shift) = std::hint::black_box((0.999_999f32, 1e-7f32));
-    let mut sums = [0.0f32; PEAK_SUMS];
+    let mut sums = [0.0f32; SUMS];
     for _ in 0..rounds {
         for sum in sums.iter_mut() {
             *sum = if FUSED {
@@ -132,7 +153,7 @@ fn multiply_add_rounds(rounds: usize) -> f32 {
             };
         }
     }
-    sums.iter().sum()
+    (sums.iter().sum(), SUMS)
 }
 
 /// Runs the benchmark and prints a JSON report (median and min milliseconds per variant).
@@ -220,6 +241,9 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
     report.insert("copy_gb_per_s".into(), json!(copy_bandwidth_gb_per_s()));
     report.insert("read_gb_per_s".into(), json!(read_bandwidth_gb_per_s()));
     report.insert("f32_peak_gflops".into(), json!(f32_peak_gflops()));
+    let kernels = hookscope::product_kernels(model.load_report().matmul_precision, model.dtype());
+    report.insert("cpu".into(), json!(cpu_model()));
+    report.insert("product_kernels".into(), json!(kernels));
     report.insert("sites".into(), json!(model.layout().call_order().len()));
     println!("{}", serde_json::Value::Object(report));
     Ok(())

@@ -21,6 +21,20 @@ pub fn remove_partial_output_on_interrupt() -> io::Result<()> {
     Ok(())
 }
 
+/// Lets a closed pipe end the command quietly, as it ends other Unix tools (`hookscope sites |
+/// head`): Rust's runtime ignores SIGPIPE, so that printing to a closed pipe would panic.
+#[cfg(unix)]
+pub fn end_quietly_on_closed_pipe() {
+    // SAFETY: restoring a signal's default disposition, before any other thread runs.
+    unsafe {
+        libc::signal(libc::SIGPIPE, libc::SIG_DFL);
+    }
+}
+
+/// Elsewhere there is no SIGPIPE.
+#[cfg(not(unix))]
+pub fn end_quietly_on_closed_pipe() {}
+
 /// Signals are a Unix watch: elsewhere an interrupted `--out` may leave its temporary file.
 #[cfg(not(unix))]
 pub fn remove_partial_output_on_interrupt() -> io::Result<()> {

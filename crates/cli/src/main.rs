@@ -93,6 +93,7 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    interrupt::end_quietly_on_closed_pipe();
     let cli = Cli::parse();
     // Generation with saved sites allocates fresh buffers every step: keep freed memory.
     hookscope::memory::keep_freed_memory();

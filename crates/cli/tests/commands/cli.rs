@@ -424,3 +424,26 @@ fn a_terminated_command_says_so_and_exits_130() {
         stderr(&output)
     );
 }
+
+/// Output piped into a reader that stops early (`hookscope sites | head -1`) ends the command
+/// quietly, as it ends other Unix tools, instead of a panic about a broken pipe.
+#[cfg(unix)]
+#[test]
+fn a_closed_pipe_ends_the_command_quietly() {
+    use std::os::unix::process::ExitStatusExt;
+    use std::process::Stdio;
+    let mut child = Command::new(env!("CARGO_BIN_EXE_hookscope"))
+        .args(["sites", "--markdown"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the hookscope binary runs");
+    // Closed before the command writes its first line.
+    drop(child.stdout.take());
+    let output = child.wait_with_output().unwrap();
+    let message = stderr(&output);
+    assert!(!message.contains("panicked"), "{message}");
+    // SIGPIPE is 13 on Linux, macOS and the BSDs.
+    let quiet = output.status.success() || output.status.signal() == Some(13);
+    assert!(quiet, "{:?}: {message}", output.status);
+}

@@ -512,6 +512,9 @@ enum Kernel {
     Avx512Bf16,
     #[cfg(target_arch = "x86_64")]
     Avx512,
+    /// f32 strips on AVX2 with FMA (and F16C, to widen f16 weights): rows in groups of three.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
     Portable,
 }
 
@@ -531,8 +534,24 @@ impl Kernel {
             if has!("avx512f") {
                 return Kernel::Avx512;
             }
+            if has!("avx2") && has!("fma") && has!("f16c") {
+                return Kernel::Avx2;
+            }
         }
         Kernel::Portable
+    }
+
+    /// The instruction-set family of the kernel, as reports name it.
+    fn family(self) -> &'static str {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Bf16 => "avx512-bf16",
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512 => "avx512",
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx2 => "avx2",
+            Kernel::Portable => "portable",
+        }
     }
 
     /// Whether the kernel reads bf16 pairs (else f32 strips).
@@ -574,10 +593,20 @@ impl Kernel {
             // SAFETY: `detect` found AVX-512F on this CPU.
             #[cfg(target_arch = "x86_64")]
             (Kernel::Avx512, Strip::F32(x)) => unsafe { by_height!(tile_avx512, x) },
+            // SAFETY: `detect` found AVX2, FMA and F16C on this CPU.
+            #[cfg(target_arch = "x86_64")]
+            (Kernel::Avx2, Strip::F32(x)) => unsafe { tile_avx2(tile, x, height) },
             (Kernel::Portable, Strip::F32(x)) => by_height!(tile_portable, x),
             (kernel, _) => unreachable!("`Strips::pack` packs what {kernel:?} reads"),
         }
     }
+}
+
+/// The kernel family that runs products of weights stored in `dtype` with activations in
+/// `precision` on this CPU: `avx512-bf16`, `avx512`, `avx2` or `portable` (what benchmark reports
+/// name).
+pub fn product_kernels(precision: MatmulPrecision, dtype: WeightDtype) -> &'static str {
+    Kernel::detect(precision, dtype).family()
 }
 
 /// A panel row's 32 weights widened to f32: columns 0..16 and 16..32.
@@ -757,6 +786,225 @@ fn lane_mask(lanes: usize) -> u16 {
     ((1u32 << lanes) - 1) as u16
 }
 
+/// Rows one AVX2 kernel pass keeps in registers: `6 x 16` sums (half a panel) in 12 of the 16
+/// vector registers, beside the half panel row (2) and one broadcast activation (BLIS' Haswell
+/// tile). A whole panel in one pass (`3 x 32`) needs 17 and spilled two sums to the stack; one
+/// or two rows fit a whole panel (a decode step then streams each weight once).
+#[cfg(target_arch = "x86_64")]
+const AVX2_ROWS: usize = 6;
+
+/// The AVX2 kernel: a tile of one or two rows (a decode step) in one pass over whole panel rows,
+/// streaming each weight once; taller tiles in passes of up to [`AVX2_ROWS`] rows and half a
+/// panel's columns, each over the whole block of panel rows (which stays in L1 between passes).
+///
+/// # Safety
+/// The CPU must have AVX2, FMA and F16C, `strip` must hold `tile.weights.len() * height` floats,
+/// and `tile.output` must address `height` rows of `tile.columns` writable floats, `tile.stride`
+/// apart.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn tile_avx2<E: Element>(tile: &Tile<'_, E>, strip: &[f32], height: usize) {
+    debug_assert_eq!(strip.len(), tile.weights.len() * height);
+    // SAFETY (all four calls): the caller's contract, for the rows each pass names.
+    match height {
+        1 => return unsafe { avx2_whole_panel::<1, E>(tile, strip) },
+        2 => return unsafe { avx2_whole_panel::<2, E>(tile, strip) },
+        _ => {}
+    }
+    let halves = tile.columns.div_ceil(PANEL / 2);
+    for first in (0..height).step_by(AVX2_ROWS) {
+        let rows = (height - first).min(AVX2_ROWS);
+        for half in 0..halves {
+            let pass = Avx2Pass {
+                height,
+                first,
+                half,
+            };
+            unsafe {
+                match rows {
+                    1 => avx2_pass::<1, E>(tile, strip, pass),
+                    2 => avx2_pass::<2, E>(tile, strip, pass),
+                    3 => avx2_pass::<3, E>(tile, strip, pass),
+                    4 => avx2_pass::<4, E>(tile, strip, pass),
+                    5 => avx2_pass::<5, E>(tile, strip, pass),
+                    _ => avx2_pass::<AVX2_ROWS, E>(tile, strip, pass),
+                }
+            }
+        }
+    }
+}
+
+/// A tile of `R` (one or two) rows over whole panel rows: `R x 32` sums in `4R` registers.
+///
+/// # Safety
+/// As [`tile_avx2`], with `height == R`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn avx2_whole_panel<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f32]) {
+    use std::arch::x86_64::*;
+    let mut sums = [[[_mm256_setzero_ps(); 2]; 2]; R];
+    for (row, x) in tile.weights.iter().zip(strip.as_chunks::<R>().0) {
+        prefetch_ahead(row);
+        let halves = [widen_half_avx2(row, 0), widen_half_avx2(row, 1)];
+        for (sum, &x) in sums.iter_mut().zip(x) {
+            let x = _mm256_set1_ps(x);
+            for (sum, weights) in sum.iter_mut().zip(&halves) {
+                sum[0] = _mm256_fmadd_ps(x, weights[0], sum[0]);
+                sum[1] = _mm256_fmadd_ps(x, weights[1], sum[1]);
+            }
+        }
+    }
+    for half in 0..tile.columns.div_ceil(PANEL / 2) {
+        let pass = Avx2Pass {
+            height: R,
+            first: 0,
+            half,
+        };
+        // SAFETY: the caller's contract.
+        unsafe { store_avx2(sums.map(|sum| sum[half]), tile, pass) }
+    }
+}
+
+/// Which part of an AVX2 tile one pass computes.
+#[cfg(target_arch = "x86_64")]
+#[derive(Clone, Copy)]
+struct Avx2Pass {
+    /// The tile's rows (the strip's width).
+    height: usize,
+    /// The pass's first row.
+    first: usize,
+    /// Columns `16 * half..16 * half + 16` of the panel.
+    half: usize,
+}
+
+/// Rows `first..first + R`, one half panel, of an AVX2 tile: `R x 16` sums in `2R` registers,
+/// one rank-1 update per input.
+///
+/// # Safety
+/// As [`tile_avx2`], with `first + R <= height`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn avx2_pass<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f32], pass: Avx2Pass) {
+    use std::arch::x86_64::*;
+    let Avx2Pass {
+        height,
+        first,
+        half,
+    } = pass;
+    let mut sums = [[_mm256_setzero_ps(); 2]; R];
+    for (row, x) in tile.weights.iter().zip(strip.chunks_exact(height)) {
+        prefetch_ahead(row);
+        let [low, high] = widen_half_avx2(row, half);
+        for (sum, &x) in sums.iter_mut().zip(&x[first..first + R]) {
+            let x = _mm256_set1_ps(x);
+            sum[0] = _mm256_fmadd_ps(x, low, sum[0]);
+            sum[1] = _mm256_fmadd_ps(x, high, sum[1]);
+        }
+    }
+    // SAFETY: the caller's contract.
+    unsafe { store_avx2(sums, tile, pass) }
+}
+
+/// Columns `16 * half..16 * half + 16` of a panel row widened to f32, eight a register.
+///
+/// # Safety
+/// The CPU must have AVX2 and F16C.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,f16c")]
+#[inline]
+fn widen_half_avx2<E: Element>(row: &PanelRow<E>, half: usize) -> [std::arch::x86_64::__m256; 2] {
+    use std::arch::x86_64::*;
+    let bytes = row.0.as_ptr().cast::<u8>();
+    // SAFETY: a panel row is 64-byte aligned and holds 32 elements (128 bytes of f32, 64 of
+    // bf16/f16), `half` is 0 or 1: every load below stays inside it, at its alignment.
+    unsafe {
+        match E::DTYPE {
+            WeightDtype::F32 => {
+                let at = bytes.add(64 * half);
+                [_mm256_load_ps(at.cast()), _mm256_load_ps(at.add(32).cast())]
+            }
+            // Lane `j` holds column `j` in its low half and `16 + j` in its high half
+            // (`Element::slot`); a bf16 is the high half of the f32 it rounds.
+            WeightDtype::Bf16 => {
+                let lanes = [
+                    _mm256_load_si256(bytes.cast()),
+                    _mm256_load_si256(bytes.add(32).cast()),
+                ];
+                let high = _mm256_set1_epi32(0xffff_0000_u32 as i32);
+                lanes.map(|v| {
+                    _mm256_castsi256_ps(match half {
+                        0 => _mm256_slli_epi32::<16>(v),
+                        _ => _mm256_and_si256(v, high),
+                    })
+                })
+            }
+            WeightDtype::F16 => {
+                let at = bytes.add(32 * half);
+                [
+                    _mm256_cvtph_ps(_mm_load_si128(at.cast())),
+                    _mm256_cvtph_ps(_mm_load_si128(at.add(16).cast())),
+                ]
+            }
+        }
+    }
+}
+
+/// Adds an AVX2 pass's sums to their start (bias, zero or the partial sums) and stores them;
+/// always inlined, as [`store_avx512`] is, for the same reason.
+///
+/// # Safety
+/// The CPU must have AVX, and `tile.output` must address rows `first..first + R` of
+/// `tile.columns` writable floats, `tile.stride` apart.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn store_avx2<const R: usize, E: Element>(
+    sums: [[std::arch::x86_64::__m256; 2]; R],
+    tile: &Tile<'_, E>,
+    pass: Avx2Pass,
+) {
+    use std::arch::x86_64::*;
+    let offset = pass.half * PANEL / 2;
+    let columns = tile.columns.saturating_sub(offset).min(PANEL / 2);
+    for (r, sum) in sums.iter().enumerate() {
+        // SAFETY: row `first + r` of the tile (the caller's contract), from the half's column.
+        let out = unsafe { tile.output.add((pass.first + r) * tile.stride + offset) };
+        let bias = match tile.start {
+            Start::Bias(bias) => bias.map(|bias| &bias[offset..offset + columns]),
+            Start::Accumulate => None,
+        };
+        if columns == PANEL / 2 {
+            for (v, sum) in sum.iter().enumerate() {
+                // SAFETY: a whole half panel: 16 writable floats in the row, 16 in the bias.
+                unsafe {
+                    let at = out.add(8 * v);
+                    let start = match (tile.start, bias) {
+                        (Start::Accumulate, _) => _mm256_loadu_ps(at),
+                        (_, Some(bias)) => _mm256_loadu_ps(bias.as_ptr().add(8 * v)),
+                        (_, None) => _mm256_setzero_ps(),
+                    };
+                    _mm256_storeu_ps(at, _mm256_add_ps(*sum, start));
+                }
+            }
+        } else {
+            // A matrix's last, partial panel: through a buffer, its `columns` values only.
+            let mut lanes = [0.0f32; PANEL / 2];
+            for (v, sum) in sum.iter().enumerate() {
+                // SAFETY: `lanes` holds 16 floats.
+                unsafe { _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * v), *sum) };
+            }
+            for (j, s) in lanes.iter().take(columns).enumerate() {
+                // SAFETY: `j < columns`, inside the row.
+                unsafe {
+                    match tile.start {
+                        Start::Bias(_) => out.add(j).write(s + bias.map_or(0.0, |bias| bias[j])),
+                        Start::Accumulate => *out.add(j) += s,
+                    }
+                }
+            }
+        }
+    }
+}
+
 /// The portable kernel: the same sums, vectorised by the compiler (fused multiply-add where
 /// the target has it).
 #[multiversion(targets("x86_64+avx2+fma"))]
@@ -862,8 +1110,10 @@ mod tests {
                     let exact = reference(&x, &rounded, bias, [rows, d_in, d_out]);
                     let what = format!("{rows}x{d_in}x{d_out} {dtype}, bias {}", bias.is_some());
                     assert_close(&packed.multiply(&x, rows, bias), &exact, &what);
-                    let portable = multiply_with(packed, &x, rows, bias, Kernel::Portable);
-                    assert_close(&portable, &exact, &format!("{what}, portable kernel"));
+                    for kernel in f32_kernels_here() {
+                        let y = multiply_with(packed, &x, rows, bias, kernel);
+                        assert_close(&y, &exact, &format!("{what}, {kernel:?}"));
+                    }
                 }
             }
         }
@@ -876,10 +1126,7 @@ mod tests {
     fn bf16_products_match_a_reference_on_rounded_activations() {
         let bf16 = |v: f32| half::bf16::from_f32(v).to_f32();
         let best = Kernel::detect(MatmulPrecision::Bf16, WeightDtype::Bf16);
-        #[cfg(target_arch = "x86_64")]
-        let kernels = [best, Kernel::Avx512, Kernel::Portable];
-        #[cfg(not(target_arch = "x86_64"))]
-        let kernels = [best];
+        let kernels = std::iter::once(best).chain(f32_kernels_here());
         for (rows, d_in, d_out) in ODD_SHAPES {
             let x = matrix(rows * d_in, 5);
             let w = matrix(d_in * d_out, 6);
@@ -892,11 +1139,9 @@ mod tests {
             let exact = reference(&x_rounded, &w_rounded, Some(&bias), [rows, d_in, d_out]);
             let what = format!("{rows}x{d_in}x{d_out} bf16 products");
             assert_close(&packed.multiply(&x, rows, Some(&bias)), &exact, &what);
-            for kernel in kernels {
-                if !cfg!(target_arch = "x86_64") || kernel_runs_here(kernel) {
-                    let y = multiply_with(&packed, &x, rows, Some(&bias), kernel);
-                    assert_close(&y, &exact, &format!("{what}, {kernel:?}"));
-                }
+            for kernel in kernels.clone() {
+                let y = multiply_with(&packed, &x, rows, Some(&bias), kernel);
+                assert_close(&y, &exact, &format!("{what}, {kernel:?}"));
             }
         }
     }
@@ -932,12 +1177,22 @@ mod tests {
         );
     }
 
-    /// Whether this CPU can run `kernel` (the pair kernel needs AVX-512 BF16, the f32 one
-    /// AVX-512F).
-    fn kernel_runs_here(kernel: Kernel) -> bool {
-        kernel == Kernel::Portable
-            || kernel == Kernel::detect(MatmulPrecision::Bf16, WeightDtype::Bf16)
-            || Kernel::detect(MatmulPrecision::F32, WeightDtype::F32) == kernel
+    /// Every kernel of f32 strips this CPU can run, the portable one included.
+    fn f32_kernels_here() -> impl Iterator<Item = Kernel> + Clone {
+        #[cfg(target_arch = "x86_64")]
+        let kernels = {
+            use std::arch::is_x86_feature_detected as has;
+            [
+                (Kernel::Avx512, has!("avx512f")),
+                (Kernel::Avx2, has!("avx2") && has!("fma") && has!("f16c")),
+                (Kernel::Portable, true),
+            ]
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let kernels = [(Kernel::Portable, true)];
+        kernels
+            .into_iter()
+            .filter_map(|(kernel, runs)| runs.then_some(kernel))
     }
 
     /// `multiply` with a given kernel, on one thread.
