@@ -37,7 +37,7 @@ pub mod weights;
 pub use adapter::{Architecture, CausalLm};
 pub use call::Call;
 pub use config::ArchConfig;
-pub use cpu::product_kernels;
+pub use cpu::{KERNELS_VARIABLE, product_kernels};
 pub use decoding::{Decoding, GenerationConfig};
 pub use device::DeviceChoice;
 pub use error::{Error, Result};

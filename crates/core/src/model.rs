@@ -87,6 +87,7 @@ impl Model {
     /// defaults. Refuses before reading any weight when they would not fit in the memory
     /// available.
     pub fn load_with(source: &ModelSource, device: &Device, options: LoadOptions) -> Result<Model> {
+        crate::cpu::check_kernel_choice().map_err(Error::InvalidInput)?;
         let config = source.config()?;
         let arch = registry::find(&config)?;
         let checkpoint = source.checkpoint()?;
@@ -163,6 +164,7 @@ impl Model {
         seed: u64,
         device: &Device,
     ) -> Result<Model> {
+        crate::cpu::check_kernel_choice().map_err(Error::InvalidInput)?;
         let mut loader = WeightLoader::random(seed, device);
         let network = (arch.load)(config, &mut loader)?;
         Ok(Model {

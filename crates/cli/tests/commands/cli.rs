@@ -447,3 +447,36 @@ fn a_closed_pipe_ends_the_command_quietly() {
     let quiet = output.status.success() || output.status.signal() == Some(13);
     assert!(quiet, "{:?}: {message}", output.status);
 }
+
+/// `HOOKSCOPE_CPU_KERNELS` caps the product kernels' family (what `bench` reports), and a value
+/// it does not know is refused naming the variable, not silently the default.
+#[test]
+fn the_kernel_family_can_be_forced_and_typos_are_refused() {
+    let bench = |value: &str| {
+        Command::new(env!("CARGO_BIN_EXE_hookscope"))
+            .args([
+                "bench",
+                "--prompt-len",
+                "4",
+                "--iters",
+                "1",
+                "--warmup",
+                "0",
+            ])
+            .arg("--unhooked-only")
+            .env("HOOKSCOPE_CPU_KERNELS", value)
+            .output()
+            .expect("the hookscope binary runs")
+    };
+    let output = bench("portable");
+    assert!(output.status.success(), "{}", stderr(&output));
+    let report: serde_json::Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(report["product_kernels"], "portable", "{report}");
+    let refused = bench("avx-2");
+    assert!(!refused.status.success());
+    let message = stderr(&refused);
+    assert!(
+        message.contains("HOOKSCOPE_CPU_KERNELS=avx-2: expected portable, avx2 or avx512"),
+        "{message}"
+    );
+}
