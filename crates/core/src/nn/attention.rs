@@ -249,10 +249,11 @@ pub enum QkNormSpan {
     Projection,
 }
 
-/// Softmax attention behind separate `q_proj`, `k_proj`, `v_proj` and `o_proj` maps, with
-/// rotary positions on queries and keys (Llama, Mistral, Qwen2, the attention layers of
-/// hybrids such as Bamba), optionally with per-head query/key norms and an output gate
-/// (Qwen3-Next's gated attention).
+/// Softmax attention behind query, key, value and output maps (stored apart, or fused and split
+/// at load: [`QkvWeights`]), with rotary positions on queries and keys (Llama, Mistral, Qwen2,
+/// GPT-NeoX, Phi-3, the attention layers of hybrids such as Bamba), optionally with query/key
+/// norms (per head or over the whole projection) and an output gate (Qwen3-Next's gated
+/// attention).
 #[derive(Debug, Clone)]
 pub struct ProjectedAttention {
     q_proj: Linear,
