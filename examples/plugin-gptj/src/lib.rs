@@ -13,6 +13,8 @@
 //! linear maps, the attention with its cache and sites, the rotary, the parallel residual
 //! block) composed into a model of its own.
 
+use std::cell::OnceCell;
+
 use hookscope_core::burn::tensor::Tensor;
 use hookscope_core::config::{AttentionHeads, HeadDim, HeadKeys};
 use hookscope_core::nn::{
@@ -170,8 +172,13 @@ impl CausalLm for GptJ {
             // [B, T, H] → [B, heads, T, D].
             let per_head =
                 |x: Tensor<3>| x.reshape([batch, tokens, heads, head_dim]).swap_dims(1, 2);
+            // Both parts read `ln_1` of the block's input: normalised once, by whichever runs
+            // first.
+            let normed = OnceCell::new();
+            let norm =
+                |hidden: Tensor<3>| normed.get_or_init(|| block.norm.forward(hidden)).clone();
             let mixer = |hidden: Tensor<3>, call: &mut Call<'_>| {
-                let x = block.norm.forward(hidden);
+                let x = norm(hidden);
                 let q = Rotary::apply_interleaved(
                     per_head(block.q_proj.forward(x.clone())),
                     &cos,
@@ -186,9 +193,8 @@ impl CausalLm for GptJ {
                 let mixed = block.attention.forward(q, k, v, call)?;
                 Ok(block.out_proj.forward(mixed))
             };
-            // The MLP reads the same normalised input as attention.
             let mlp = |hidden: Tensor<3>| {
-                let inner = block.fc_in.forward(block.norm.forward(hidden));
+                let inner = block.fc_in.forward(norm(hidden));
                 Ok(block.fc_out.forward(self.activation.forward(inner)))
             };
             hidden = parallel_residual_block(layer, hidden, call, mixer, mlp)?;
