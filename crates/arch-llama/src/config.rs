@@ -352,3 +352,123 @@ impl LlamaConfig {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use hookscope_core::nn::{Activation, RopeScaling};
+    use serde_json::{Value, json};
+
+    use super::*;
+
+    /// A 6-layer config of `model_type` with `extra` keys.
+    fn parsed(model_type: &str, extra: Value) -> (ArchConfig, LlamaConfig, Variant) {
+        let mut json = json!({"model_type": model_type, "vocab_size": 8, "hidden_size": 8,
+            "intermediate_size": 8, "num_hidden_layers": 6, "num_attention_heads": 2,
+            "max_position_embeddings": 64});
+        json.as_object_mut()
+            .unwrap()
+            .extend(extra.as_object().unwrap().clone());
+        let arch = ArchConfig {
+            path: "config.json".into(),
+            json,
+        };
+        let parsed: LlamaConfig = arch.parse().unwrap();
+        let variant = parsed.variant(&arch).unwrap();
+        (arch, parsed, variant)
+    }
+
+    fn sliding(model_type: &str, extra: Value) -> Vec<bool> {
+        let (arch, config, variant) = parsed(model_type, extra);
+        let windows = config.windows(&arch, variant).unwrap();
+        windows.iter().map(Option::is_some).collect()
+    }
+
+    /// Each variant's windows as transformers 5.24's configs and modeling files place them.
+    #[test]
+    fn windows_fall_where_each_variant_puts_them() {
+        let window = json!({"sliding_window": 4});
+        let qwen = json!({"sliding_window": 4, "use_sliding_window": true, "max_window_layers": 4});
+        for model_type in ["mistral", "mixtral", "phi3"] {
+            assert_eq!(
+                sliding(model_type, window.clone()),
+                [true; 6],
+                "{model_type}"
+            );
+        }
+        assert_eq!(sliding("qwen3_moe", qwen.clone()), [true; 6]);
+        assert_eq!(sliding("qwen3_moe", window.clone()), [false; 6]);
+        // Qwen2 and Qwen3: from `max_window_layers` on; Qwen2-MoE: the even layers below it.
+        assert_eq!(
+            sliding("qwen2", qwen.clone()),
+            [false, false, false, false, true, true]
+        );
+        assert_eq!(
+            sliding("qwen3", qwen.clone()),
+            [false, false, false, false, true, true]
+        );
+        assert_eq!(
+            sliding("qwen2_moe", qwen),
+            [true, false, true, false, false, false]
+        );
+        for model_type in ["llama", "olmo2"] {
+            assert_eq!(
+                sliding(model_type, window.clone()),
+                [false; 6],
+                "{model_type}"
+            );
+        }
+    }
+
+    #[test]
+    fn sparse_layers_and_expert_counts_follow_the_config() {
+        let silu = Activation::Silu;
+        let qwen = json!({"num_experts": 4, "num_experts_per_tok": 2, "decoder_sparse_step": 2,
+            "mlp_only_layers": [3], "moe_intermediate_size": 4});
+        let (_, config, variant) = parsed("qwen2_moe", qwen);
+        let sparse: Vec<bool> = (0..6)
+            .map(|i| config.moe(variant, i, silu).is_some())
+            .collect();
+        assert_eq!(sparse, [false, true, false, false, false, true]);
+        // Qwen2-MoE's shared expert takes transformers' default size when the key is absent.
+        assert_eq!(
+            config.moe(variant, 1, silu).unwrap().shared_inner,
+            Some(5632)
+        );
+        // Qwen3-MoE as transformers 5.x saves it: the count under `num_local_experts`.
+        let (_, config, variant) = parsed("qwen3_moe", json!({"num_local_experts": 16}));
+        let moe = config.moe(variant, 0, silu).unwrap();
+        assert_eq!((moe.experts, moe.top_k, moe.shared_inner), (16, 8, None));
+        let (_, config, variant) = parsed("mixtral", json!({}));
+        let moe = config.moe(variant, 5, silu).unwrap();
+        assert_eq!((moe.experts, moe.top_k, moe.renormalise), (8, 2, true));
+        assert!(config.moe(Variant::Llama, 0, silu).is_none());
+    }
+
+    /// Phi-3 reads `su` and `yarn` as LongRoPE, takes its top-level pretraining context (4096
+    /// when absent) and recomputes past it; other variants do neither.
+    #[test]
+    fn phi3_reads_its_rope_aliases_and_recomputes_past_its_context() {
+        let factors = json!({"type": "su", "short_factor": [1.0, 1.5], "long_factor": [2.0, 3.0]});
+        let (arch, config, variant) = parsed(
+            "phi3",
+            json!({"rope_scaling": factors,
+            "original_max_position_embeddings": 16}),
+        );
+        let rope = config.rope(&arch, variant).unwrap();
+        let RopeScaling::LongRope {
+            original_max_positions,
+            ..
+        } = rope.scaling
+        else {
+            panic!("{:?}", rope.scaling)
+        };
+        assert_eq!(original_max_positions, 16);
+        assert_eq!(config.recompute_beyond(variant), Some(16));
+        let (_, config, variant) = parsed("phi3", json!({}));
+        assert_eq!(config.recompute_beyond(variant), Some(4096));
+        let (arch, config, variant) = parsed("llama", json!({"rope_scaling": {"type": "su"}}));
+        assert_eq!(config.recompute_beyond(variant), None);
+        let error = config.rope(&arch, variant).unwrap_err().to_string();
+        assert!(error.contains("rope type `su`"), "{error}");
+    }
+}

@@ -1010,21 +1010,22 @@ unsafe fn store_avx2<const R: usize, E: Element>(
     for (r, sum) in sums.iter().enumerate() {
         // SAFETY: row `first + r` of the tile (the caller's contract), from the half's column.
         let out = unsafe { tile.output.add((pass.first + r) * tile.stride + offset) };
-        let bias = match tile.start {
-            Start::Bias(bias) => bias.map(|bias| &bias[offset..offset + columns]),
-            Start::Accumulate => None,
+        // The half's own columns of the bias.
+        let start = match tile.start {
+            Start::Bias(bias) => Start::Bias(bias.map(|bias| &bias[offset..offset + columns])),
+            Start::Accumulate => Start::Accumulate,
         };
         if columns == PANEL / 2 {
             for (v, sum) in sum.iter().enumerate() {
                 // SAFETY: a whole half panel: 16 writable floats in the row, 16 in the bias.
                 unsafe {
                     let at = out.add(8 * v);
-                    let start = match (tile.start, bias) {
-                        (Start::Accumulate, _) => _mm256_loadu_ps(at),
-                        (_, Some(bias)) => _mm256_loadu_ps(bias.as_ptr().add(8 * v)),
-                        (_, None) => _mm256_setzero_ps(),
+                    let base = match start {
+                        Start::Accumulate => _mm256_loadu_ps(at),
+                        Start::Bias(Some(bias)) => _mm256_loadu_ps(bias.as_ptr().add(8 * v)),
+                        Start::Bias(None) => _mm256_setzero_ps(),
                     };
-                    _mm256_storeu_ps(at, _mm256_add_ps(*sum, start));
+                    _mm256_storeu_ps(at, _mm256_add_ps(*sum, base));
                 }
             }
         } else {
@@ -1034,15 +1035,8 @@ unsafe fn store_avx2<const R: usize, E: Element>(
                 // SAFETY: `lanes` holds 16 floats.
                 unsafe { _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * v), *sum) };
             }
-            for (j, s) in lanes.iter().take(columns).enumerate() {
-                // SAFETY: `j < columns`, inside the row.
-                unsafe {
-                    match tile.start {
-                        Start::Bias(_) => out.add(j).write(s + bias.map_or(0.0, |bias| bias[j])),
-                        Start::Accumulate => *out.add(j) += s,
-                    }
-                }
-            }
+            // SAFETY: `columns` writable floats from `out` (the caller's contract).
+            unsafe { store_scalar(out, &lanes[..columns], start) }
         }
     }
 }
@@ -1068,12 +1062,27 @@ fn tile_portable<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f32]) 
         // SAFETY: row `r` of the tile has `columns` writable floats (the caller's contract),
         // written before they are read: by the first input block, then accumulated into.
         unsafe {
-            let out = tile.output.add(r * tile.stride);
-            for (j, s) in sum.iter().take(tile.columns).enumerate() {
-                match tile.start {
-                    Start::Bias(bias) => out.add(j).write(s + bias.map_or(0.0, |bias| bias[j])),
-                    Start::Accumulate => *out.add(j) += s,
-                }
+            store_scalar(
+                tile.output.add(r * tile.stride),
+                &sum[..tile.columns],
+                tile.start,
+            )
+        }
+    }
+}
+
+/// Adds `sums` to their start (the bias for these columns, zero or the partial sums at `out`)
+/// and stores them at `out`, one float at a time.
+///
+/// # Safety
+/// `out` must address `sums.len()` writable floats, and a bias must hold at least as many.
+unsafe fn store_scalar(out: *mut f32, sums: &[f32], start: Start<'_>) {
+    for (j, s) in sums.iter().enumerate() {
+        // SAFETY: `j < sums.len()`, inside the caller's floats.
+        unsafe {
+            match start {
+                Start::Bias(bias) => out.add(j).write(s + bias.map_or(0.0, |bias| bias[j])),
+                Start::Accumulate => *out.add(j) += s,
             }
         }
     }

@@ -301,7 +301,9 @@ impl ProjectedAttention {
                         RmsNorm::load(scope.pp(part), size, eps)
                     }
                 };
-                let norms = (norm("q_norm", query_width)?, norm("k_norm", kv_width)?);
+                // The queries' width, without an output gate's half.
+                let queries = heads.heads * head_dim;
+                let norms = (norm("q_norm", queries)?, norm("k_norm", kv_width)?);
                 Some((norms, span))
             }
         };
@@ -357,9 +359,13 @@ impl ProjectedAttention {
         let [batch, tokens, _] = x.dims();
         let attention = &self.attention;
         let (heads, head_dim) = (attention.heads, attention.head_dim);
-        // [B, T, heads * D] → [B, T, heads, D].
+        // [B, T, heads * D] → [B, T, heads, D], and back.
         let per_head = |x: Tensor<3>, heads: usize| -> Tensor<4> {
             x.reshape([batch, tokens, heads, head_dim])
+        };
+        let whole = |x: Tensor<4>| -> Tensor<3> {
+            let [.., heads, _] = x.dims();
+            x.reshape([batch, tokens, heads * head_dim])
         };
         let (q, gate) = if self.output_gate {
             let both = self
@@ -367,27 +373,19 @@ impl ProjectedAttention {
                 .forward(x.clone())
                 .reshape([batch, tokens, heads, 2 * head_dim]);
             let gate = both.clone().slice_dim(3, head_dim..2 * head_dim);
-            let gate = gate.reshape([batch, tokens, heads * head_dim]);
-            (
-                both.slice_dim(3, 0..head_dim)
-                    .reshape([batch, tokens, heads * head_dim]),
-                Some(gate),
-            )
+            (both.slice_dim(3, 0..head_dim), Some(whole(gate)))
         } else {
-            (self.q_proj.forward(x.clone()), None)
+            (per_head(self.q_proj.forward(x.clone()), heads), None)
         };
-        let k = self.k_proj.forward(x.clone());
+        let k = per_head(self.k_proj.forward(x.clone()), attention.kv_heads);
         let v = per_head(self.v_proj.forward(x), attention.kv_heads);
         let (q, k) = match &self.qk_norm {
+            Some(((q_norm, k_norm), QkNormSpan::PerHead)) => (q_norm.forward(q), k_norm.forward(k)),
             Some(((q_norm, k_norm), QkNormSpan::Projection)) => (
-                per_head(q_norm.forward(q), heads),
-                per_head(k_norm.forward(k), attention.kv_heads),
+                per_head(q_norm.forward(whole(q)), heads),
+                per_head(k_norm.forward(whole(k)), attention.kv_heads),
             ),
-            Some(((q_norm, k_norm), QkNormSpan::PerHead)) => (
-                q_norm.forward(per_head(q, heads)),
-                k_norm.forward(per_head(k, attention.kv_heads)),
-            ),
-            None => (per_head(q, heads), per_head(k, attention.kv_heads)),
+            None => (q, k),
         };
         let (cos, sin) = rotary;
         let q = Rotary::apply(q.swap_dims(1, 2), cos, sin);

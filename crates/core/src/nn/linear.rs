@@ -9,12 +9,12 @@
 
 use std::sync::Arc;
 
-use burn::tensor::{Tensor, TensorData};
+use burn::tensor::Tensor;
 
 use super::embedding::{Embedding, Table};
 use crate::cpu::{self, PackedMatrix};
 use crate::error::Result;
-use crate::weights::{Matrix, Orientation, WeightScope};
+use crate::weights::{Matrix, Orientation, WeightScope, index_tensor};
 
 /// How the parts of a fused projection are laid out along its outputs (see [`Linear::split`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -111,9 +111,7 @@ impl Linear {
         let bias = match bias {
             true => {
                 let bias: Tensor<1> = scope.tensor("bias", [stored_out])?;
-                let indices = outputs.iter().map(|&n| n as i64).collect::<Vec<_>>();
-                let indices =
-                    Tensor::from_data(TensorData::new(indices, [outputs.len()]), &bias.device());
+                let indices = index_tensor(outputs, &bias.device());
                 Some(bias.select(0, indices))
             }
             false => None,

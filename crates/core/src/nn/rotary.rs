@@ -90,11 +90,6 @@ impl Rotary {
         }
     }
 
-    /// The rotated dimensions.
-    pub fn dims(&self) -> usize {
-        self.head_dim
-    }
-
     /// Inverse frequencies for a call whose largest position is `max_position`.
     fn inv_freq(&self, max_position: usize) -> Vec<f32> {
         let dim = self.head_dim as f64;

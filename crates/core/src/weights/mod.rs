@@ -8,7 +8,7 @@ mod scope;
 use std::collections::BTreeSet;
 use std::path::PathBuf;
 
-use burn::tensor::{Device, Tensor, TensorData};
+use burn::tensor::{Device, Int, Tensor, TensorData};
 use safetensors::Dtype;
 
 use crate::checkpoint::{Checkpoint, Stored, bf16_at, f16_at, f32_at};
@@ -297,10 +297,7 @@ impl<'a> WeightLoader<'a> {
                     self.weight_bytes = self
                         .weight_bytes
                         .saturating_sub(dropped * std::mem::size_of::<f32>());
-                    let indices = outputs.iter().map(|&n| n as i64).collect::<Vec<_>>();
-                    let indices =
-                        Tensor::from_data(TensorData::new(indices, [outputs.len()]), &self.device);
-                    tensor.select(1, indices)
+                    tensor.select(1, index_tensor(outputs, &self.device))
                 }
             };
             return Ok(Matrix::Tensor(Box::new(tensor)));
@@ -455,6 +452,13 @@ impl<'a> WeightLoader<'a> {
             notes: self.notes,
         })
     }
+}
+
+/// `indices` as an integer tensor on `device`, for `select` (the output units of one part of
+/// a fused projection).
+pub(crate) fn index_tensor(indices: &[usize], device: &Device) -> Tensor<1, Int> {
+    let values = indices.iter().map(|&n| n as i64).collect::<Vec<_>>();
+    Tensor::from_data(TensorData::new(values, [indices.len()]), device)
 }
 
 /// Deterministic values in ±0.2 for one named weight: the same name and seed give the same
