@@ -10,11 +10,14 @@ use hookscope_conformance::fixtures_dir;
 use safetensors::SafeTensors;
 use safetensors::tensor::{Dtype, TensorView};
 
-/// A temporary copy of a committed fixture, to break on purpose.
+/// A temporary copy of a committed fixture's files (not its folders), to break on purpose.
 pub fn copy_fixture(name: &str) -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     for entry in std::fs::read_dir(fixtures_dir().join(name)).unwrap() {
         let entry = entry.unwrap();
+        if entry.path().is_dir() {
+            continue;
+        }
         std::fs::copy(entry.path(), dir.path().join(entry.file_name())).unwrap();
     }
     dir
@@ -101,4 +104,59 @@ pub fn random_run(config: &str) -> (Model, Vec<usize>) {
     assert!(logits.iter().all(|v| v.is_finite()));
     let shape = trace.saved.get(keys, 0).unwrap().shape();
     (model, shape)
+}
+
+/// The f32 and i64 tensors of a safetensors file of references, as f32: name → (shape, values).
+pub fn f32_tensors(path: &Path) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
+    read_tensors(path)
+        .into_iter()
+        .map(|(name, (dtype, shape, bytes))| {
+            let values = match dtype {
+                Dtype::F32 => bytes
+                    .chunks_exact(4)
+                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
+                    .collect(),
+                Dtype::I64 => bytes
+                    .chunks_exact(8)
+                    .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as f32)
+                    .collect(),
+                other => panic!("{name}: unexpected dtype {other:?}"),
+            };
+            (name, (shape, values))
+        })
+        .collect()
+}
+
+/// Greedy generation of `new_tokens` tokens from `prompt` with `specs` applied: the output ids
+/// (as f32) and each step's last-position logits.
+pub fn greedy_run(
+    model: &Model,
+    prompt: &[u32],
+    specs: &hookscope::hooks::RequestSpecs,
+    new_tokens: usize,
+) -> (Vec<f32>, Vec<f32>) {
+    let mut specs = specs.clone();
+    specs.save.push("logits".into());
+    let interventions = specs
+        .interventions(model.layout(), &Steps::All, true, model.device())
+        .unwrap();
+    let mut config = model.generation_config().clone();
+    config.max_new_tokens = new_tokens;
+    config.decoding = hookscope::Decoding::Greedy;
+    config.eos_token_ids.clear();
+    let batch = model.batch(vec![prompt.to_vec()]).unwrap();
+    let generation = model.generate(&batch, &interventions, &config).unwrap();
+    let ids = generation.output_ids[0]
+        .iter()
+        .map(|id| *id as f32)
+        .collect();
+    let mut logits = Vec::new();
+    for step in 0..new_tokens {
+        let value = generation.saved.get(Site::Logits, step).unwrap();
+        let shape = value.shape();
+        let all = floats(value.to_data());
+        let vocab = shape[2];
+        logits.extend_from_slice(&all[all.len() - vocab..]);
+    }
+    (ids, logits)
 }

@@ -6,11 +6,9 @@
 
 use std::path::Path;
 
-use crate::common::{floats, load, max_diff, read_tensors};
+use crate::common::{f32_tensors, floats, greedy_run, load, max_diff};
 use hookscope::hooks::RequestSpecs;
-use hookscope::{Model, Site, Steps};
 use hookscope_conformance::{Fixture, fixtures};
-use safetensors::tensor::Dtype;
 use serde_json::Value;
 
 const TOLERANCE: f32 = 1e-4;
@@ -22,27 +20,6 @@ fn edit_fixtures() -> Vec<Fixture> {
         .collect();
     assert!(!found.is_empty(), "no fixture holds edits.safetensors");
     found
-}
-
-/// The reference tensors of a fixture's `edits.safetensors`: name → (shape, values as f32).
-fn reference(dir: &Path) -> std::collections::BTreeMap<String, (Vec<usize>, Vec<f32>)> {
-    read_tensors(&dir.join("edits.safetensors"))
-        .into_iter()
-        .map(|(name, (dtype, shape, bytes))| {
-            let values = match dtype {
-                Dtype::F32 => bytes
-                    .chunks_exact(4)
-                    .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                    .collect(),
-                Dtype::I64 => bytes
-                    .chunks_exact(8)
-                    .map(|b| i64::from_le_bytes(b.try_into().unwrap()) as f32)
-                    .collect(),
-                other => panic!("{name}: unexpected dtype {other:?}"),
-            };
-            (name, (shape, values))
-        })
-        .collect()
 }
 
 /// A fixture's `edits.json` and the prompt its cases run on.
@@ -74,47 +51,14 @@ fn strings(case: &Value, key: &str, dir: &Path) -> Vec<String> {
         .unwrap_or_default()
 }
 
-/// Greedy generation with `specs` applied: the output ids and each step's last-position logits.
-fn run(
-    model: &Model,
-    prompt: &[u32],
-    specs: &RequestSpecs,
-    new_tokens: usize,
-) -> (Vec<f32>, Vec<f32>) {
-    let mut specs = specs.clone();
-    specs.save.push("logits".into());
-    let interventions = specs
-        .interventions(model.layout(), &Steps::All, true, model.device())
-        .unwrap();
-    let mut config = model.generation_config().clone();
-    config.max_new_tokens = new_tokens;
-    config.decoding = hookscope::Decoding::Greedy;
-    config.eos_token_ids.clear();
-    let batch = model.batch(vec![prompt.to_vec()]).unwrap();
-    let generation = model.generate(&batch, &interventions, &config).unwrap();
-    let ids = generation.output_ids[0]
-        .iter()
-        .map(|id| *id as f32)
-        .collect();
-    let mut logits = Vec::new();
-    for step in 0..new_tokens {
-        let value = generation.saved.get(Site::Logits, step).unwrap();
-        let shape = value.shape();
-        let all = floats(value.to_data());
-        let vocab = shape[2];
-        logits.extend_from_slice(&all[all.len() - vocab..]);
-    }
-    (ids, logits)
-}
-
 #[test]
 fn edits_match_transformers_with_torch_hooks() {
     for Fixture { name, dir, .. } in edit_fixtures() {
         let (meta, prompt) = cases(&dir);
-        let reference = reference(&dir);
+        let reference = f32_tensors(&dir.join("edits.safetensors"));
         let model = load(&dir).unwrap();
         let new_tokens = meta["new_tokens"].as_u64().unwrap() as usize;
-        let (_, plain) = run(&model, &prompt, &RequestSpecs::default(), new_tokens);
+        let (_, plain) = greedy_run(&model, &prompt, &RequestSpecs::default(), new_tokens);
         for case in meta["cases"].as_array().unwrap() {
             let case_name = case["name"].as_str().unwrap();
             let specs = RequestSpecs {
@@ -124,7 +68,7 @@ fn edits_match_transformers_with_torch_hooks() {
                 set: strings(case, "set", &dir),
                 ..Default::default()
             };
-            let (ids, logits) = run(&model, &prompt, &specs, new_tokens);
+            let (ids, logits) = greedy_run(&model, &prompt, &specs, new_tokens);
             let (_, expected_ids) = &reference[&format!("{case_name}/output_ids")];
             let (_, expected) = &reference[&format!("{case_name}/logits")];
             assert_eq!(&ids, expected_ids, "{name} {case_name}: greedy tokens");
@@ -147,7 +91,7 @@ fn edits_match_transformers_with_torch_hooks() {
 fn the_logit_lens_matches_transformers() {
     for Fixture { name, dir, .. } in edit_fixtures() {
         let (_, prompt) = cases(&dir);
-        let (shape, expected) = &reference(&dir)["lens"];
+        let (shape, expected) = &f32_tensors(&dir.join("edits.safetensors"))["lens"];
         let model = load(&dir).unwrap();
         let batch = model.batch(vec![prompt]).unwrap();
         let lens =

@@ -6,8 +6,8 @@ use std::path::Path;
 
 use crate::common::{load_fixture, max_diff, values};
 use hookscope::extract::{
-    ExtractJob, Manifest, POSITION, PROMPT_INDEX, PROMPTS_PROMPT_INDEX, RowKind, Shard, SiteRows,
-    TOKEN_ID, extract, merge_manifests,
+    ExtractJob, Manifest, POSITION, PROMPT_INDEX, PROMPTS_PROMPT_INDEX, RowBuffer, RowKind, Shard,
+    SiteRows, TOKEN_ID, extract, merge_manifests,
 };
 use hookscope::{Interventions, Model, Site, Steps};
 use hookscope_conformance::Fixture;
@@ -57,6 +57,7 @@ fn job(model: &Model, prompts: &Path, out: &Path, shard: Shard) -> ExtractJob {
         batch_size: 3,
         max_rows_per_file: 40,
         shard,
+        feature_top_k: 4,
     }
 }
 
@@ -154,9 +155,10 @@ fn rows_equal_each_prompt_traced_alone_on_every_architecture() {
                         .collect(),
                     RowKind::Token => {
                         // Alone, the value is [1, ..., T, ...]; compare row by row.
-                        let mut expected = Vec::new();
+                        let mut expected = RowBuffer::default();
                         let shape = trace.saved.get(*site, 0).unwrap().shape();
                         rows.append(&alone, &shape, &[ids.len()], &mut expected);
+                        let expected = expected.values;
                         let got: Vec<f32> = (0..ids.len())
                             .flat_map(|p| token_rows[&(name.clone(), *line, p)].clone())
                             .map(|v| v as f32)

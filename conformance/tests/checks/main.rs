@@ -6,6 +6,7 @@ mod common;
 mod decoders;
 mod deltanet;
 mod demo_model;
+mod dictionaries;
 mod edits;
 mod engine;
 mod extract;

@@ -46,7 +46,7 @@ fn rounded_copy(dir: &Path, dtype: WeightDtype) -> (tempfile::TempDir, bool) {
     let copy = tempfile::tempdir().unwrap();
     for entry in std::fs::read_dir(dir).unwrap() {
         let entry = entry.unwrap();
-        if entry.file_name() != "model.safetensors" {
+        if entry.file_name() != "model.safetensors" && entry.path().is_file() {
             std::fs::copy(entry.path(), copy.path().join(entry.file_name())).unwrap();
         }
     }

@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use clap::Args;
+use hookscope::schema::DictionaryPart;
 use hookscope::{Decoding, Interventions, LayerSite, Result, Site, Steps};
 use multiversion::{multiversion, target::selected_target};
 use serde_json::json;
@@ -195,6 +196,24 @@ pub fn bench(args: &BenchArgs) -> Result<()> {
         ),
         ("save_every_site", save_all),
     ];
+    let dictionary_features = model
+        .layout()
+        .dictionaries
+        .iter()
+        .filter_map(|placement| match placement.site {
+            Site::Layer { layer, site } => Some(Site::Dictionary {
+                layer,
+                site,
+                part: DictionaryPart::Features,
+            }),
+            _ => None,
+        })
+        .fold(Interventions::new(), |acc, site| {
+            acc.save(site, steps.clone())
+        });
+    if !dictionary_features.is_empty() {
+        variants.push(("save_dictionary_features", dictionary_features));
+    }
     if args.unhooked_only {
         variants.truncate(1);
     }

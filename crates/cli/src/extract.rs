@@ -36,6 +36,11 @@ pub struct ExtractArgs {
     /// exactly once.
     #[arg(long, value_name = "I/N")]
     shard: Option<String>,
+    /// Dictionary features (`SITE.sae.features`, with `--sae`) are kept sparsely: each token's
+    /// K largest non-zero features, as `SITE.sae.features.indices` (int64, -1 past the last
+    /// active one) and `.values` (`[rows, K]`).
+    #[arg(long, value_name = "K", default_value_t = 64)]
+    feature_top_k: usize,
     /// Token rows per file (files hold whole batches); the rows of one file are held in
     /// memory until it is written.
     #[arg(long, default_value_t = 16_384)]
@@ -80,6 +85,7 @@ pub fn extract(args: &ExtractArgs) -> Result<()> {
         out_dir: args.out_dir.clone(),
         batch_size: args.batch_size,
         max_rows_per_file: args.max_rows_per_file,
+        feature_top_k: args.feature_top_k,
         shard: match &args.shard {
             Some(text) => Shard::parse(text)?,
             None => Shard::WHOLE,

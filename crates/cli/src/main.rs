@@ -3,6 +3,7 @@
 mod attention;
 mod bench;
 mod extract;
+mod features;
 mod interrupt;
 mod lens;
 mod model_arg;
@@ -60,6 +61,10 @@ enum Command {
     /// that value from the clean run; the metric from 0 (corrupt) to 1 (clean).
     #[command(after_help = GLOSSARY)]
     Patch(patch::PatchArgs),
+    /// The most active features of every dictionary attached with --sae at each token of a
+    /// prompt, with each dictionary's L0 and reconstruction error.
+    #[command(after_help = GLOSSARY)]
+    Features(features::FeaturesArgs),
     /// One layer's attention patterns as a heatmap image (--png) or a text view.
     #[command(after_help = GLOSSARY)]
     Attention(attention::AttentionArgs),
@@ -113,6 +118,7 @@ fn main() -> ExitCode {
         Command::Extract(args) => extract::extract(&args).map(|()| ExitCode::SUCCESS),
         Command::Lens(args) => lens::lens(&args).map(|()| ExitCode::SUCCESS),
         Command::Patch(args) => patch::patch(&args).map(|()| ExitCode::SUCCESS),
+        Command::Features(args) => features::features(&args).map(|()| ExitCode::SUCCESS),
         Command::Attention(args) => attention::attention(&args).map(|()| ExitCode::SUCCESS),
         Command::Sites(args) => sites::sites(&args).map(|()| ExitCode::SUCCESS),
         Command::Archs => {

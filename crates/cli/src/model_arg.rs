@@ -2,7 +2,7 @@
 
 use clap::{Args, ValueEnum};
 use hookscope::prelude::*;
-use hookscope::{LoadOptions, MatmulPrecision, WeightDtype};
+use hookscope::{AttachOptions, Dictionary, LoadOptions, MatmulPrecision, WeightDtype};
 
 /// Which model a command runs on, and how its weights are stored.
 #[derive(Debug, Args)]
@@ -24,6 +24,17 @@ pub struct ModelArg {
     /// this build has (`hookscope devices` lists them).
     #[arg(long, default_value = "cpu", value_parser = parse_device)]
     device: DeviceChoice,
+    /// Attach a feature dictionary (a SAELens folder, a Gemma Scope params.npz folder or file)
+    /// at SITE (a site or a TransformerLens hook name; for a transcoder, the site it writes;
+    /// omitted: where its config says). Its values become sites: SITE.sae.features,
+    /// SITE.sae.reconstruction, SITE.sae.error. Repeatable.
+    #[arg(long, value_name = "[SITE=]PATH")]
+    sae: Vec<String>,
+    /// Replace each --sae site by the dictionary's reconstruction alone, without the error
+    /// term (to measure what the dictionary loses); by default the model runs unchanged unless
+    /// a dictionary value is edited.
+    #[arg(long, requires = "sae")]
+    sae_without_error: bool,
 }
 
 /// `--device`, parsed by the library so the CLI and Python say the same thing.
@@ -85,9 +96,15 @@ impl ModelArg {
             Some(spec) => ModelSource::resolve(spec)?,
             None => hookscope::default_model(),
         };
-        let model = Model::load_with(&source, &self.device.open()?, self.options())?;
+        let mut model = Model::load_with(&source, &self.device.open()?, self.options())?;
         for note in &model.load_report().notes {
             eprintln!("note: {note}");
+        }
+        for spec in &self.sae {
+            let (options, path) = AttachOptions::parse(spec, self.sae_without_error);
+            let dictionary =
+                Dictionary::load(&ModelSource::resolve_dictionary(&path)?, model.device())?;
+            model.attach(dictionary, options)?;
         }
         Ok(model)
     }

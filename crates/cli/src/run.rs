@@ -32,16 +32,20 @@ pub struct RunArgs {
     /// through the rest of the call and, through the cache, later steps.
     #[arg(long, value_name = "PATTERN[INDEX][@STEPS]")]
     zero: Vec<String>,
-    /// Add SCALE times a stored tensor to the sites (steering): a `[H]` tensor broadcasts over
-    /// batch and positions, a full-shape one adds element-wise. Repeatable.
+    /// Add SCALE times a stored tensor to the sites (steering), or a number: a `[H]` tensor
+    /// broadcasts over batch and positions, a full-shape one adds element-wise; `=4` adds 4 to
+    /// every selected element (e.g. one SAE feature). Repeatable.
     #[arg(
         long,
-        value_name = "PATTERN[INDEX][@STEPS]=FILE.safetensors:KEY[*SCALE]"
+        value_name = "PATTERN[INDEX][@STEPS]=FILE.safetensors:KEY[*SCALE]|NUMBER"
     )]
     add: Vec<String>,
     /// Replace the sites' values by a stored tensor (activation patching, e.g. a value saved
-    /// by `--out` from another prompt), broadcast to their shape. Repeatable.
-    #[arg(long, value_name = "PATTERN[INDEX][@STEPS]=FILE.safetensors:KEY")]
+    /// by `--out` from another prompt) or a number, broadcast to their shape. Repeatable.
+    #[arg(
+        long,
+        value_name = "PATTERN[INDEX][@STEPS]=FILE.safetensors:KEY|NUMBER"
+    )]
     set: Vec<String>,
     /// Write saved values to this safetensors file (`{site}@{step}`, `output_ids`).
     #[arg(long)]

@@ -249,11 +249,7 @@ mod tests {
             mixer: MixerKind::Mamba1 { inner: 4, state: 2 },
             has_mlp: false,
         };
-        let layout = ModelLayout {
-            hidden: 2,
-            vocab: 3,
-            layers: vec![LayerSpec::attention(1, 1, 2), mamba],
-        };
+        let layout = ModelLayout::new(2, 3, vec![LayerSpec::attention(1, 1, 2), mamba]);
         let mut cache = ModelCache::for_layout(&layout);
         assert!(cache.layer::<KvCache>(0).is_ok());
         assert!(cache.layer::<RecurrentState<3>>(1).is_ok());

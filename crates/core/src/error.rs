@@ -143,6 +143,25 @@ pub enum Error {
         /// The cause.
         source: serde_json::Error,
     },
+    /// A dictionary value asked for at a site no dictionary is attached to.
+    #[error(
+        "`{name}`: no dictionary is attached to `{site}`; attach one first (`--sae {site}=PATH`, \
+         `Model::attach`)"
+    )]
+    NoDictionary {
+        /// The name asked for.
+        name: String,
+        /// The site it is named under.
+        site: String,
+    },
+    /// A feature dictionary that cannot be loaded or attached: a file, key or option at fault.
+    #[error("dictionary {}: {message}", .path.display())]
+    Dictionary {
+        /// The folder or file it was loaded from.
+        path: PathBuf,
+        /// What is wrong, naming the file, key or site.
+        message: String,
+    },
     /// A config value of the wrong type, or a required one missing.
     #[error("{}: {}{source}", .path.display(), key_prefix(.key))]
     ConfigValue {

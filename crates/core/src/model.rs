@@ -2,6 +2,7 @@
 //! what it is. Running it (traces and generation) is in `run/`.
 
 use std::path::PathBuf;
+use std::sync::Arc;
 
 use burn::tensor::{Device, Tensor};
 
@@ -10,11 +11,13 @@ use crate::checkpoint::auto_dtype;
 use crate::config::{ArchConfig, parse_json};
 use crate::decoding::GenerationConfig;
 use crate::device::is_cpu;
+use crate::dictionary::{AttachOptions, Dictionary};
 use crate::error::{Error, Result};
+use crate::hooks::Attachment;
 use crate::input::Batch;
 use crate::precision::{MatmulPrecision, WeightDtype};
 use crate::registry;
-use crate::schema::ModelLayout;
+use crate::schema::{ModelLayout, Site};
 use crate::source::ModelSource;
 use crate::tokenizer::Tokenizer;
 use crate::weights::{LoadReport, WeightLoader};
@@ -23,6 +26,10 @@ use crate::weights::{LoadReport, WeightLoader};
 pub struct Model {
     arch: &'static Architecture,
     network: Box<dyn CausalLm>,
+    /// The adapter's layout, with the attached dictionaries' placements.
+    layout: ModelLayout,
+    /// The attached dictionaries, in the order of `layout.dictionaries`.
+    dictionaries: Vec<Attachment>,
     tokenizer: Option<Tokenizer>,
     generation: GenerationConfig,
     device: Device,
@@ -33,7 +40,7 @@ impl std::fmt::Debug for Model {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Model")
             .field("arch", &self.arch.name)
-            .field("layout", self.network.layout())
+            .field("layout", &self.layout)
             .finish()
     }
 }
@@ -128,6 +135,8 @@ impl Model {
         )?;
         Ok(Model {
             arch,
+            layout: network.layout().clone(),
+            dictionaries: Vec::new(),
             network,
             tokenizer,
             generation,
@@ -169,6 +178,8 @@ impl Model {
         let network = (arch.load)(config, &mut loader)?;
         Ok(Model {
             arch,
+            layout: network.layout().clone(),
+            dictionaries: Vec::new(),
             network,
             tokenizer: None,
             generation: GenerationConfig::from_json(None, (&config.path, &config.json))?,
@@ -182,9 +193,40 @@ impl Model {
         self.arch
     }
 
-    /// The declared structure.
+    /// The declared structure, with the placements of any attached dictionaries.
     pub fn layout(&self) -> &ModelLayout {
-        self.network.layout()
+        &self.layout
+    }
+
+    /// The attached dictionaries, in the order of [`ModelLayout::dictionaries`].
+    pub fn dictionaries(&self) -> &[Attachment] {
+        &self.dictionaries
+    }
+
+    /// Attaches `dictionary` at a site (see [`AttachOptions`]), replacing any dictionary
+    /// attached there, and returns the site. Its values are then sites of this model
+    /// (`SITE.sae.features`, ...). Refused, naming the site and the sizes, where the site is
+    /// not one a dictionary can read (`[B, T, ...]` layer sites), a transcoder's input does not
+    /// come before its output, or the widths differ.
+    pub fn attach(&mut self, dictionary: Dictionary, options: AttachOptions) -> Result<Site> {
+        let placement = crate::dictionary::place(&self.layout, &dictionary, &options)?;
+        self.detach(placement.site);
+        self.layout.dictionaries.push(placement);
+        self.dictionaries.push(Attachment {
+            dictionary: Arc::new(dictionary),
+            error_term: !options.without_error,
+        });
+        Ok(placement.site)
+    }
+
+    /// Removes the dictionary attached at `site`, if any; whether there was one.
+    pub fn detach(&mut self, site: Site) -> bool {
+        let Some((place, _)) = self.layout.dictionary_at(site) else {
+            return false;
+        };
+        self.layout.dictionaries.remove(place);
+        self.dictionaries.remove(place);
+        true
     }
 
     /// The tokenizer, if the checkpoint has one.

@@ -5,8 +5,8 @@ use hookscope::hooks::RequestSpecs;
 use hookscope::precision::parse_dtype_choice;
 use hookscope::schema::CallDims;
 use hookscope::{
-    Batch, DeviceChoice, Generation, Interventions, LoadOptions, MatmulPrecision, Model,
-    ModelSource, Run, Steps, WeightDtype,
+    AttachOptions, Batch, DeviceChoice, Dictionary, Generation, Interventions, LoadOptions,
+    MatmulPrecision, Model, ModelSource, Run, Steps, WeightDtype,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -163,14 +163,25 @@ impl PyModel {
     /// bf16 entering each product, sums in f32; torch's "highest"/"medium" also name them).
     /// `device`: "cpu" (None), or "wgpu[:N]", "vulkan[:N]", "cuda[:N]", "ndarray" where the
     /// package was built with that backend's feature.
+    ///
+    /// `sae`: feature dictionaries to attach, each `"[SITE=]PATH"` (a SAELens folder, a Gemma
+    /// Scope params.npz): their values become sites (`SITE.sae.features`,
+    /// `SITE.sae.reconstruction`, `SITE.sae.error`) to save and edit like any other.
+    /// `sae_without_error`: replace those sites by the reconstruction alone.
     #[new]
-    #[pyo3(signature = (model = None, *, dtype = None, matmul_precision = None, device = None))]
+    #[pyo3(signature = (
+        model = None, *, dtype = None, matmul_precision = None, device = None, sae = None,
+        sae_without_error = false
+    ))]
+    #[allow(clippy::too_many_arguments)] // Python keyword arguments
     fn new(
         py: Python<'_>,
         model: Option<String>,
         dtype: Option<String>,
         matmul_precision: Option<String>,
         device: Option<String>,
+        sae: Option<Vec<String>>,
+        sae_without_error: bool,
     ) -> PyResult<Self> {
         let dtype = match dtype {
             Some(dtype) => parse_dtype_choice(&dtype)
@@ -200,7 +211,13 @@ impl PyModel {
                     dtype,
                     matmul_precision,
                 };
-                Model::load_with(&source, &device, options)
+                let mut model = Model::load_with(&source, &device, options)?;
+                for spec in sae.iter().flatten() {
+                    let (options, path) = AttachOptions::parse(spec, sae_without_error);
+                    let path = ModelSource::resolve_dictionary(&path)?;
+                    model.attach(Dictionary::load(&path, &device)?, options)?;
+                }
+                Ok::<_, hookscope::Error>(model)
             })
             .py()?;
         Ok(PyModel {

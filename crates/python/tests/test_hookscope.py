@@ -74,6 +74,26 @@ def test_saved_values_match_the_committed_transformers_reference():
         assert np.abs(value - expected).max() < 1e-4, key
 
 
+def test_sae_features_match_the_sae_lens_reference_and_edits_flow_on():
+    fixture = FIXTURES / "gpt2-tied"
+    meta = json.loads((fixture / "dictionaries.json").read_text())
+    reference = load_file(str(fixture / "dictionaries.safetensors"))
+    sae = str(fixture / "dictionaries" / "resid-standard")
+    model = hookscope.Model(str(fixture), sae=[f"layers.1.layer_input={sae}"])
+    site = "layers.1.layer_input.sae"
+    t = model.trace([meta["prompt"]], save=[f"{site}.features", f"{site}.error", "logits"])
+    for part in ["features", "error"]:
+        expected = reference[f"resid-standard/{part}"]
+        assert np.abs(t.saved[f"{site}.{part}@0"] - expected).max() < 1e-5, part
+    plain = hookscope.Model(str(fixture)).trace([meta["prompt"]], save=["logits"])
+    assert np.array_equal(t.saved["logits@0"], plain.saved["logits@0"])
+    ablated = model.trace([meta["prompt"]], save=["logits"], zero=[f"{site}.features[:, :, 18]"])
+    assert np.abs(ablated.saved["logits@0"] - plain.saved["logits@0"]).max() > 1e-3
+    with pytest.raises(hookscope.Error, match="d_in"):
+        llama = FIXTURES / "llama-gqa2-llama3-bias" / "dictionaries" / "resid-jumprelu"
+        hookscope.Model(str(fixture), sae=[str(llama)])
+
+
 def test_weights_load_in_the_chosen_precision():
     fixture = str(FIXTURES / "gpt2-tied")
     full = hookscope.Model(fixture)

@@ -14,7 +14,8 @@ fn fixture(name: &str) -> PathBuf {
         .join(name)
 }
 
-/// A copy of fixture `name` (with the GPT-2 tokenizer when it has none) in a temporary folder.
+/// A copy of fixture `name`'s files (with the GPT-2 tokenizer when it has none) in a temporary
+/// folder.
 struct Corrupted {
     _dir: tempfile::TempDir,
     path: PathBuf,
@@ -27,7 +28,9 @@ impl Corrupted {
         std::fs::create_dir(&path).unwrap();
         for entry in std::fs::read_dir(fixture(name)).unwrap() {
             let entry = entry.unwrap();
-            std::fs::copy(entry.path(), path.join(entry.file_name())).unwrap();
+            if entry.path().is_file() {
+                std::fs::copy(entry.path(), path.join(entry.file_name())).unwrap();
+            }
         }
         if !path.join("tokenizer.json").exists() {
             let tokenizer = fixture("gpt2-tiny").join("tokenizer.json");

@@ -3,6 +3,8 @@
 
 mod bad_input;
 mod cli;
+mod dictionaries;
 mod extract;
 mod plugin;
+mod support;
 mod toolkit;

@@ -2,25 +2,11 @@
 //! attention maps and the activation-patching sweep.
 
 use std::path::PathBuf;
-use std::process::{Command, Output};
+use std::process::Output;
 
 use serde_json::Value;
 
-fn hookscope(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_hookscope"))
-        .args(args)
-        .output()
-        .expect("the hookscope binary runs")
-}
-
-fn json(output: &Output) -> Value {
-    assert!(
-        output.status.success(),
-        "{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    serde_json::from_slice(&output.stdout).unwrap()
-}
+use crate::support::{hookscope, json};
 
 fn failure(output: &Output) -> String {
     assert_eq!(output.status.code(), Some(1), "expected a clean failure");

@@ -19,6 +19,8 @@ use crate::precision::WeightDtype;
 pub(crate) enum Bytes {
     Mapped(memmap2::Mmap),
     Static(&'static [u8]),
+    /// A safetensors image built in memory (from another format).
+    Owned(Vec<u8>),
 }
 
 impl Deref for Bytes {
@@ -27,6 +29,7 @@ impl Deref for Bytes {
         match self {
             Bytes::Mapped(map) => map,
             Bytes::Static(bytes) => bytes,
+            Bytes::Owned(bytes) => bytes,
         }
     }
 }
@@ -119,6 +122,34 @@ impl Checkpoint {
     /// Opens one safetensors file of any tensors (e.g. values saved by `hookscope run --out`).
     pub fn open_file(path: &Path) -> Result<Checkpoint> {
         Checkpoint::from_shards(path, vec![(path.to_path_buf(), Bytes::map(path)?)])
+    }
+
+    /// A checkpoint of f32 tensors converted from another format read from `origin`.
+    pub(crate) fn from_f32_tensors(
+        origin: &Path,
+        tensors: Vec<(String, Vec<usize>, Vec<f32>)>,
+    ) -> Result<Checkpoint> {
+        let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+            .into_iter()
+            .map(|(name, shape, values)| {
+                let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+                (name, shape, bytes)
+            })
+            .collect();
+        let views = bytes
+            .iter()
+            .map(|(name, shape, data)| {
+                safetensors::tensor::TensorView::new(Dtype::F32, shape.clone(), data)
+                    .map(|view| (name.clone(), view))
+            })
+            .collect::<std::result::Result<Vec<_>, _>>();
+        let image = views
+            .and_then(|views| safetensors::serialize(views, None))
+            .map_err(|e| Error::Safetensors {
+                path: origin.to_path_buf(),
+                message: e.to_string(),
+            })?;
+        Checkpoint::from_shards(origin, vec![(origin.to_path_buf(), Bytes::Owned(image))])
     }
 
     /// One stored tensor as f32 values with its shape. Errors name the file and the key, and

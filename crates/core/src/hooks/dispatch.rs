@@ -1,9 +1,12 @@
 //! The hook entry the forward pass calls at every site, for one call (one step).
 
+mod dictionary;
+
 use std::collections::HashMap;
 
 use burn::tensor::TensorData;
 
+use super::dictionary::Attachment;
 use super::index::{Index, Region};
 use super::request::{Action, Interventions, Write};
 use super::value::{SiteTensor, SiteValue};
@@ -124,6 +127,9 @@ struct SitePlan<'a> {
     capture: bool,
     /// The writes, in request order, each on the part its index selects.
     writes: Vec<(&'a Index, &'a Write)>,
+    /// The dictionary attached here runs (some request of this call reads or writes one of
+    /// its values, or it replaces the site by its reconstruction).
+    dictionary: bool,
 }
 
 /// The plan of `site`, creating the (dense) table on first use.
@@ -138,6 +144,16 @@ fn plan_of<'p, 'a>(
     plans[layout.slot(site)].get_or_insert_with(SitePlan::default)
 }
 
+/// What the hooks of a call see of the model: its sites and its attached dictionaries (in the
+/// order of `layout.dictionaries`).
+#[derive(Clone, Copy)]
+pub(crate) struct ModelView<'a> {
+    /// The sites.
+    pub layout: &'a ModelLayout,
+    /// The attached dictionaries.
+    pub dictionaries: &'a [Attachment],
+}
+
 /// The hooks of one forward call. Adapters call [`Hooks::visit`] at every site, in the order of
 /// the step-order contract; nothing else of hooking is their business.
 ///
@@ -145,6 +161,8 @@ fn plan_of<'p, 'a>(
 pub(crate) struct Hooks<'a> {
     step: usize,
     layout: &'a ModelLayout,
+    /// The attached dictionaries, in the order of `layout.dictionaries`.
+    dictionaries: &'a [Attachment],
     /// Indexed by [`ModelLayout::slot`]; empty when nothing applies at this step.
     plans: Vec<Option<SitePlan<'a>>>,
     saved: &'a mut Saved,
@@ -156,15 +174,19 @@ pub(crate) struct Hooks<'a> {
 }
 
 impl<'a> Hooks<'a> {
-    /// The hooks for call `step` of a run with these interventions; `observer`, if any, is told
-    /// of every site served.
+    /// The hooks for call `step` of a run with these interventions on `model`; `observer`, if
+    /// any, is told of every site served.
     pub fn for_call(
-        layout: &'a ModelLayout,
+        model: ModelView<'a>,
         interventions: &'a Interventions,
         step: usize,
         saved: &'a mut Saved,
         observer: Option<&'a mut dyn Observer>,
     ) -> Self {
+        let ModelView {
+            layout,
+            dictionaries,
+        } = model;
         let mut plans: Vec<Option<SitePlan<'a>>> = Vec::new();
         for request in interventions.requests() {
             if !request.steps.contains(step) || !layout.has(request.site) {
@@ -175,15 +197,31 @@ impl<'a> Hooks<'a> {
                 Action::Save => plan.saves.push(&request.index),
                 Action::Write(write) => plan.writes.push((&request.index, write)),
             }
+            if let Site::Dictionary { .. } = request.site {
+                plan_of(&mut plans, layout, request.site.dictionary_host()).dictionary = true;
+            }
         }
         for source in interventions.sources_at(step) {
             if layout.has(source) {
                 plan_of(&mut plans, layout, source).capture = true;
             }
         }
+        for (placement, attachment) in layout.dictionaries.iter().zip(dictionaries) {
+            if !attachment.error_term {
+                plan_of(&mut plans, layout, placement.site).dictionary = true;
+            }
+            let runs = plans
+                .get(layout.slot(placement.site))
+                .and_then(Option::as_ref)
+                .is_some_and(|plan| plan.dictionary);
+            if runs && placement.input != placement.site {
+                plan_of(&mut plans, layout, placement.input).capture = true;
+            }
+        }
         Hooks {
             step,
             layout,
+            dictionaries,
             plans,
             saved,
             captured: HashMap::new(),
@@ -235,6 +273,12 @@ impl<'a> Hooks<'a> {
         for (index, write) in &plan.writes {
             value = self.apply_write(site, index, write, value)?;
         }
+        if plan.dictionary {
+            value = self.run_dictionary(site, value)?;
+        }
+        let Some(plan) = self.plans.get(slot).and_then(Option::as_ref) else {
+            return Ok(value);
+        };
         for index in &plan.saves {
             let whole = value.clone().into_value();
             let (part, shape) = if index.is_full() {

@@ -1,7 +1,7 @@
 //! The text form of requests, one parser for the CLI and the Python package:
 //! `PATTERN[INDEX][@STEPS]` for saves and zeroing, and
-//! `PATTERN[INDEX][@STEPS]=FILE.safetensors:KEY[*SCALE]` for additions (`--add`) and sets
-//! (`--set`) of stored tensors.
+//! `PATTERN[INDEX][@STEPS]=FILE.safetensors:KEY[*SCALE]` or `...=NUMBER` for additions
+//! (`--add`) and sets (`--set`) of stored tensors or of one number broadcast to the selection.
 
 use std::path::PathBuf;
 
@@ -34,9 +34,10 @@ pub struct RequestSpecs {
     pub save: Vec<String>,
     /// Sites to zero.
     pub zero: Vec<String>,
-    /// Stored tensors to add (`TARGET=FILE.safetensors:KEY[*SCALE]`).
+    /// Stored tensors or numbers to add (`TARGET=FILE.safetensors:KEY[*SCALE]`,
+    /// `TARGET=NUMBER`).
     pub add: Vec<String>,
-    /// Stored tensors to set (`TARGET=FILE.safetensors:KEY`).
+    /// Stored tensors or numbers to set (`TARGET=FILE.safetensors:KEY`, `TARGET=NUMBER`).
     pub set: Vec<String>,
     /// Tensors in memory to add, by target (`PATTERN[INDEX][@STEPS]`); after the stored ones.
     pub add_values: Vec<(String, Operand)>,
@@ -194,8 +195,30 @@ fn push_spec(
         }
         (SpecKind::Add | SpecKind::Set, None) => {
             return Err(invalid(
-                "expected `SITE[@STEPS]=FILE.safetensors:KEY` (the tensor to write)".into(),
+                "expected `SITE[@STEPS]=FILE.safetensors:KEY` or `SITE[@STEPS]=NUMBER` (what to \
+                 write)"
+                    .into(),
             ));
+        }
+        (SpecKind::Add | SpecKind::Set, Some((target, source)))
+            if source.trim().parse::<f32>().is_ok() =>
+        {
+            let value: f32 = source.trim().parse().unwrap_or(f32::NAN);
+            if !value.is_finite() {
+                return Err(invalid(format!(
+                    "`{}` is not a finite number",
+                    source.trim()
+                )));
+            }
+            let scalar = Operand {
+                values: vec![value],
+                shape: Vec::new(),
+            };
+            return push_request(interventions, context, kind, target.trim(), Some(scalar))
+                .map_err(|error| match error {
+                    Error::InvalidSpec { message, .. } => invalid(message),
+                    other => other,
+                });
         }
         (SpecKind::Add | SpecKind::Set, Some((target, source))) => {
             let stored = StoredTensor::parse(source.trim()).map_err(invalid)?;

@@ -172,11 +172,7 @@ impl<M: Mixer, F: FeedForward> HybridDecoder<M, F> {
             })
             .collect();
         HybridDecoder {
-            layout: ModelLayout {
-                hidden,
-                vocab,
-                layers,
-            },
+            layout: ModelLayout::new(hidden, vocab, layers),
             parts,
         }
     }

@@ -153,6 +153,15 @@ impl Linear {
         }
     }
 
+    /// A map from an `[in, out]` matrix and an optional bias `[out]` (e.g. a dictionary's
+    /// encoder, built from stored tensors after folding constants into them).
+    pub fn from_in_out(weight: Tensor<2>, bias: Option<Tensor<1>>) -> Self {
+        Linear {
+            weight: Weight::new(weight),
+            bias,
+        }
+    }
+
     /// A bias-free map from an `[out, in]` matrix, e.g. a language-model head tied to the
     /// `[vocab, hidden]` embedding table.
     pub fn from_out_in(weight: Tensor<2>) -> Self {

@@ -15,7 +15,7 @@ use crate::cache::ModelCache;
 use crate::call::Call;
 use crate::decoding::{GenerationConfig, TokenPicker, top_k};
 use crate::error::{Error, Result};
-use crate::hooks::{Hooks, Interventions, Observer, Saved};
+use crate::hooks::{Hooks, Interventions, ModelView, Observer, Saved};
 use crate::input::Batch;
 use crate::model::Model;
 use crate::schema::Site;
@@ -259,14 +259,18 @@ impl RunState<'_> {
     /// sites around the adapter's.
     fn call(&mut self, model: &Model, feed: Feed<'_>) -> Result<(Tensor<3>, Tensor<2>)> {
         let network = model.network();
-        let layout = network.layout();
+        let layout = model.layout();
         // A reborrow for this call only (`as_deref_mut` would keep it for the whole run).
         let observer: Option<&mut dyn Observer> = match &mut self.observer {
             Some(observer) => Some(&mut **observer),
             None => None,
         };
-        let mut hooks = Hooks::for_call(
+        let view = ModelView {
             layout,
+            dictionaries: model.dictionaries(),
+        };
+        let mut hooks = Hooks::for_call(
+            view,
             self.interventions,
             feed.step,
             &mut self.saved,

@@ -34,6 +34,8 @@ pub enum Dim {
     DK,
     /// DeltaNet value head dimension.
     DV,
+    /// Features of an attached dictionary.
+    F,
 }
 
 impl fmt::Display for Dim {

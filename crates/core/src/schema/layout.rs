@@ -1,6 +1,6 @@
 //! A model's declared structure (mixer kind per layer) and the step-order contract derived from it.
 
-use super::site::{LayerSite, MixerNamespace, MixerSite, Site};
+use super::site::{DictionaryPart, LayerSite, MixerNamespace, MixerSite, Site};
 
 /// The sequence mixer of one layer, with the dimensions its sites are shaped by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -137,7 +137,21 @@ impl LayerSpec {
     }
 }
 
-/// What an adapter declares about a loaded model: sizes and the mixer of every layer.
+/// Where a feature dictionary is attached and the sizes its sites are shaped by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DictionaryPlacement {
+    /// The site it replaces (a layer site shaped `[B, T, ...]`); its values are named under it.
+    pub site: Site,
+    /// The site it encodes: `site` for a sparse autoencoder, an earlier site for a transcoder.
+    pub input: Site,
+    /// Its number of features (`F`).
+    pub features: usize,
+    /// The one head of a per-head site it reads (`[B, T, NH, D]` sites only), if any.
+    pub head: Option<usize>,
+}
+
+/// What an adapter declares about a loaded model: sizes and the mixer of every layer, and the
+/// feature dictionaries a researcher attached (none as an adapter declares it).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ModelLayout {
     /// Hidden size (`H`).
@@ -146,6 +160,8 @@ pub struct ModelLayout {
     pub vocab: usize,
     /// The blocks, in order.
     pub layers: Vec<LayerSpec>,
+    /// The attached dictionaries, at most one per site, in the order they were attached.
+    pub dictionaries: Vec<DictionaryPlacement>,
 }
 
 /// Number of per-layer slots in the dense site index (4 block sites + every mixer site).
@@ -154,18 +170,48 @@ const SLOTS_PER_LAYER: usize = 4 + MixerSite::ALL.len();
 impl ModelLayout {
     /// A model whose `count` blocks all have the same `layer` declaration.
     pub fn uniform(hidden: usize, vocab: usize, layer: LayerSpec, count: usize) -> Self {
+        ModelLayout::new(hidden, vocab, vec![layer; count])
+    }
+
+    /// A model of these blocks, with no dictionary attached.
+    pub fn new(hidden: usize, vocab: usize, layers: Vec<LayerSpec>) -> Self {
         ModelLayout {
             hidden,
             vocab,
-            layers: vec![layer; count],
+            layers,
+            dictionaries: Vec::new(),
         }
+    }
+
+    /// The dictionary attached at `site` and its place among the attached ones.
+    pub fn dictionary_at(&self, site: Site) -> Option<(usize, &DictionaryPlacement)> {
+        self.dictionaries
+            .iter()
+            .enumerate()
+            .find(|(_, placement)| placement.site == site)
+    }
+
+    /// The dictionary sites served after `site`, in call order (none where nothing is attached).
+    fn dictionary_sites(&self, site: Site) -> impl Iterator<Item = Site> + use<> {
+        let parts = match (site, self.dictionary_at(site)) {
+            (Site::Layer { layer, site }, Some(_)) => Some((layer, site)),
+            _ => None,
+        };
+        parts.into_iter().flat_map(|(layer, site)| {
+            DictionaryPart::ALL
+                .into_iter()
+                .map(move |part| Site::Dictionary { layer, site, part })
+        })
     }
 
     /// Every site of one call, in the order the step-order contract prescribes.
     pub fn call_order(&self) -> Vec<Site> {
         let mut order = vec![Site::InputIds, Site::TokenEmbeddings];
         for (layer, spec) in self.layers.iter().enumerate() {
-            order.extend(spec.sites().map(|site| Site::Layer { layer, site }));
+            for site in spec.sites().map(|site| Site::Layer { layer, site }) {
+                order.push(site);
+                order.extend(self.dictionary_sites(site));
+            }
         }
         order.extend([Site::Logits, Site::NextTokenProbs]);
         order
@@ -175,6 +221,7 @@ impl ModelLayout {
     pub fn has(&self, site: Site) -> bool {
         match site {
             Site::Layer { layer, site } => self.layers.get(layer).is_some_and(|l| l.has(site)),
+            Site::Dictionary { .. } => self.dictionary_at(site.dictionary_host()).is_some(),
             _ => true,
         }
     }
@@ -182,6 +229,7 @@ impl ModelLayout {
     /// Size of the dense slot table [`Self::slot`] indexes into.
     pub fn slot_count(&self) -> usize {
         4 + SLOTS_PER_LAYER * self.layers.len()
+            + DictionaryPart::ALL.len() * self.dictionaries.len()
     }
 
     /// A dense index for a site this model serves: O(1), no hashing, distinct for distinct sites.
@@ -202,6 +250,18 @@ impl ModelLayout {
             }
             Site::Logits => per_layer_base + self.layers.len() * SLOTS_PER_LAYER,
             Site::NextTokenProbs => per_layer_base + self.layers.len() * SLOTS_PER_LAYER + 1,
+            // Past the model's own slots; a dictionary this model lacks gets the (empty) slot
+            // one past the table.
+            Site::Dictionary { part, .. } => match self.dictionary_at(site.dictionary_host()) {
+                Some((place, _)) => {
+                    per_layer_base
+                        + self.layers.len() * SLOTS_PER_LAYER
+                        + 2
+                        + place * DictionaryPart::ALL.len()
+                        + part as usize
+                }
+                None => self.slot_count(),
+            },
         }
     }
 }
@@ -211,10 +271,10 @@ pub(crate) mod tests {
     use super::*;
 
     pub(crate) fn gpt2_like(layers: usize) -> ModelLayout {
-        ModelLayout {
-            hidden: 8,
-            vocab: 11,
-            layers: vec![
+        ModelLayout::new(
+            8,
+            11,
+            vec![
                 LayerSpec {
                     mixer: MixerKind::SoftmaxAttention {
                         heads: 2,
@@ -225,7 +285,7 @@ pub(crate) mod tests {
                 };
                 layers
             ],
-        }
+        )
     }
 
     #[test]
@@ -258,10 +318,10 @@ pub(crate) mod tests {
 
     #[test]
     fn hybrid_declaration_orders_each_mixer_by_its_table() {
-        let layout = ModelLayout {
-            hidden: 8,
-            vocab: 11,
-            layers: vec![
+        let layout = ModelLayout::new(
+            8,
+            11,
+            vec![
                 LayerSpec {
                     mixer: MixerKind::GatedDeltaNet {
                         value_heads: 2,
@@ -278,7 +338,7 @@ pub(crate) mod tests {
                     has_mlp: false,
                 },
             ],
-        };
+        );
         let names: Vec<String> = layout
             .call_order()
             .iter()
@@ -310,8 +370,52 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn dictionary_sites_follow_the_site_they_are_attached_to() {
+        let mut layout = gpt2_like(1);
+        let site = Site::layer(0, LayerSite::AttentionOutput);
+        layout.dictionaries.push(DictionaryPlacement {
+            site,
+            input: site,
+            features: 5,
+            head: None,
+        });
+        let names: Vec<String> = layout
+            .call_order()
+            .iter()
+            .map(ToString::to_string)
+            .collect();
+        let at = names
+            .iter()
+            .position(|n| n == "layers.0.attention_output")
+            .unwrap();
+        assert_eq!(
+            names[at + 1..at + 5],
+            [
+                "layers.0.attention_output.sae.features",
+                "layers.0.attention_output.sae.reconstruction",
+                "layers.0.attention_output.sae.error",
+                "layers.0.mlp_output",
+            ]
+        );
+        assert!(!layout.has(Site::Dictionary {
+            layer: 0,
+            site: LayerSite::LayerOutput,
+            part: DictionaryPart::Error,
+        }));
+    }
+
+    #[test]
     fn slots_are_dense_and_distinct() {
-        let layout = gpt2_like(3);
+        let mut layout = gpt2_like(3);
+        for layer in [2, 0] {
+            let site = Site::layer(layer, LayerSite::LayerOutput);
+            layout.dictionaries.push(DictionaryPlacement {
+                site,
+                input: site,
+                features: 5,
+                head: None,
+            });
+        }
         let mut slots: Vec<usize> = layout
             .call_order()
             .iter()
@@ -319,6 +423,7 @@ pub(crate) mod tests {
             .collect();
         assert!(slots.iter().all(|s| *s < layout.slot_count()));
         let n = slots.len();
+        assert_eq!(n, gpt2_like(3).call_order().len() + 6);
         slots.sort_unstable();
         slots.dedup();
         assert_eq!(slots.len(), n);

@@ -18,11 +18,20 @@ impl ModelLayout {
                 suggestion: self.closest_site(name),
             });
         };
-        if let Site::Layer { layer, site: local } = site {
+        if let Site::Layer { layer, site: local }
+        | Site::Dictionary {
+            layer, site: local, ..
+        } = site
+        {
             let spec = self.block(layer, &name)?;
             if !spec.has(local) {
                 return Err(not_in_architecture(spec, layer, &name));
             }
+        }
+        if let Site::Dictionary { .. } = site
+            && self.dictionary_at(site.dictionary_host()).is_none()
+        {
+            return Err(no_dictionary(site));
         }
         Ok(site)
     }
@@ -79,6 +88,14 @@ impl ModelLayout {
             .filter(|(distance, candidate)| *distance <= candidate.len().max(name.len()) / 3)
             .min_by_key(|(distance, _)| *distance)
             .map(|(_, candidate)| candidate)
+    }
+}
+
+/// The error for a dictionary value at a site no dictionary is attached to.
+pub(super) fn no_dictionary(site: Site) -> Error {
+    Error::NoDictionary {
+        name: site.to_string(),
+        site: site.dictionary_host().to_string(),
     }
 }
 

@@ -3,8 +3,8 @@
 
 use super::dim::{Dim, SymbolicShape};
 use super::layout::{LayerSpec, MixerKind, ModelLayout};
-use super::resolve::not_in_architecture;
-use super::site::{LayerSite, Site};
+use super::resolve::{no_dictionary, not_in_architecture};
+use super::site::{DictionaryPart, LayerSite, Site};
 use super::table::OuterSite;
 use crate::error::{Error, Result};
 
@@ -83,11 +83,35 @@ impl ModelLayout {
             .collect()
     }
 
+    /// The shape of a dictionary value at `site` (a [`Site::Dictionary`]) in a call: `[B, T, F]`
+    /// for features, the value the dictionary replaces for the others (without the head axis
+    /// where it reads one head).
+    fn dictionary_shape(&self, site: Site, call: CallDims) -> Result<Vec<usize>> {
+        let Site::Dictionary { part, .. } = site else {
+            return self.shape(site, call);
+        };
+        let host = site.dictionary_host();
+        let (_, placement) = self
+            .dictionary_at(host)
+            .ok_or_else(|| no_dictionary(site))?;
+        if part == DictionaryPart::Features {
+            return Ok(vec![call.batch, call.tokens, placement.features]);
+        }
+        let mut shape = self.shape(host, call)?;
+        if placement.head.is_some() {
+            shape.remove(2);
+        }
+        Ok(shape)
+    }
+
     /// The concrete shape of a site in a call of the given dimensions.
     ///
     /// Errors as [`Self::symbolic_shape`], and with [`Error::UnsizedAxis`] where the tables give
     /// the site an axis its block does not size.
     pub fn shape(&self, site: Site, call: CallDims) -> Result<Vec<usize>> {
+        if let Site::Dictionary { .. } = site {
+            return self.dictionary_shape(site, call);
+        }
         let (shape, mixer) = self.shaped(site)?;
         shape
             .0
@@ -109,6 +133,22 @@ impl ModelLayout {
                     .shape_of(local)
                     .ok_or_else(|| not_in_architecture(spec, layer, &site))?;
                 return Ok((shape, Some(&spec.mixer)));
+            }
+            Site::Dictionary { part, .. } => {
+                let (host, mixer) = self.shaped(site.dictionary_host())?;
+                let (_, placement) = self
+                    .dictionary_at(site.dictionary_host())
+                    .ok_or_else(|| no_dictionary(site))?;
+                let shape = match (part, placement.head) {
+                    (DictionaryPart::Features, _) => &[B, T, F][..],
+                    (_, None) => host.0,
+                    (_, Some(_)) => match host.0 {
+                        [B, T, _, P] => &[B, T, P][..],
+                        [B, T, _, DV] => &[B, T, DV][..],
+                        _ => &[B, T, D][..],
+                    },
+                };
+                return Ok((SymbolicShape(shape), mixer));
             }
         };
         Ok((outer.row().shape, None))
@@ -138,6 +178,10 @@ impl ModelLayout {
             (NV, Some(MixerKind::GatedDeltaNet { value_heads, .. })) => *value_heads,
             (DK, Some(MixerKind::GatedDeltaNet { key_head_dim, .. })) => *key_head_dim,
             (DV, Some(MixerKind::GatedDeltaNet { value_head_dim, .. })) => *value_head_dim,
+            (F, _) => match self.dictionary_at(site.dictionary_host()) {
+                Some((_, placement)) => placement.features,
+                None => return Err(no_dictionary(site)),
+            },
             _ => {
                 return Err(Error::UnsizedAxis {
                     site: site.to_string(),

@@ -132,6 +132,43 @@ impl LayerSite {
     }
 }
 
+/// A value a feature dictionary (a sparse autoencoder or a transcoder) attached to a site serves,
+/// named under that site: `layers.6.layer_output.sae.features`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum DictionaryPart {
+    /// The feature activations, `[B, T, F]`.
+    Features,
+    /// The decoder's output from the features as they flow on.
+    Reconstruction,
+    /// The site's value minus the reconstruction of the unedited features.
+    Error,
+}
+
+impl DictionaryPart {
+    /// Every part, in call order.
+    pub const ALL: [DictionaryPart; 3] = [
+        DictionaryPart::Features,
+        DictionaryPart::Reconstruction,
+        DictionaryPart::Error,
+    ];
+
+    /// The part's name, after `.sae.`.
+    pub fn name(self) -> &'static str {
+        match self {
+            DictionaryPart::Features => "features",
+            DictionaryPart::Reconstruction => "reconstruction",
+            DictionaryPart::Error => "error",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|part| part.name() == name)
+    }
+}
+
+/// The path segment between a dictionary's site and its parts.
+pub const DICTIONARY_SEGMENT: &str = ".sae.";
+
 /// One named place in the forward pass where a value can be read or written.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Site {
@@ -145,6 +182,15 @@ pub enum Site {
         layer: usize,
         /// The site within the block.
         site: LayerSite,
+    },
+    /// `layers.{layer}.{site}.sae.{part}`: a value of the dictionary attached to a layer site.
+    Dictionary {
+        /// Zero-based block index.
+        layer: usize,
+        /// The site the dictionary is attached to (for a transcoder, the site it writes).
+        site: LayerSite,
+        /// Which of its values.
+        part: DictionaryPart,
     },
     /// `logits`: the language-model head output (after any final soft-cap).
     Logits,
@@ -163,9 +209,27 @@ impl Site {
         Site::layer(layer, LayerSite::Mixer(MixerNamespace::SelfAttn, site))
     }
 
+    /// The site a dictionary value is named under (the site itself for any other site).
+    pub fn dictionary_host(self) -> Site {
+        match self {
+            Site::Dictionary { layer, site, .. } => Site::Layer { layer, site },
+            other => other,
+        }
+    }
+
     /// Parses a canonical site name. Only the syntax is checked here; whether a model has the
     /// site is [`crate::schema::ModelLayout::resolve`]'s job.
     pub fn parse(name: &str) -> Option<Self> {
+        if let Some((host, part)) = name.rsplit_once(DICTIONARY_SEGMENT) {
+            let Site::Layer { layer, site } = Site::parse(host)? else {
+                return None;
+            };
+            return Some(Site::Dictionary {
+                layer,
+                site,
+                part: DictionaryPart::from_name(part)?,
+            });
+        }
         match name {
             "input_ids" => return Some(Site::InputIds),
             "token_embeddings" => return Some(Site::TokenEmbeddings),
@@ -191,6 +255,12 @@ impl fmt::Display for Site {
             Site::InputIds => f.write_str("input_ids"),
             Site::TokenEmbeddings => f.write_str("token_embeddings"),
             Site::Layer { layer, site } => write!(f, "layers.{layer}.{}", site.name()),
+            Site::Dictionary { layer, site, part } => write!(
+                f,
+                "layers.{layer}.{}{DICTIONARY_SEGMENT}{}",
+                site.name(),
+                part.name()
+            ),
             Site::Logits => f.write_str("logits"),
             Site::NextTokenProbs => f.write_str("next_token_probs"),
         }
@@ -219,6 +289,11 @@ mod tests {
                 2,
                 LayerSite::Mixer(MixerNamespace::LinearAttn, MixerSite::StateInput),
             ),
+            Site::Dictionary {
+                layer: 3,
+                site: LayerSite::Mixer(MixerNamespace::SelfAttn, MixerSite::AttentionHeadOutputs),
+                part: DictionaryPart::Features,
+            },
             Site::Logits,
             Site::NextTokenProbs,
         ];
@@ -251,6 +326,10 @@ mod tests {
             "layers.0.self_attn.bogus",
             "layers.0.layer_outputs",
             "logit",
+            "layers.0.layer_output.sae",
+            "layers.0.layer_output.sae.bogus",
+            "logits.sae.features",
+            "layers.0.layer_output.sae.features.sae.error",
         ] {
             assert_eq!(Site::parse(name), None, "{name}");
         }

@@ -4,7 +4,7 @@
 
 use super::dim::{Dim, Dim::*, SymbolicShape};
 use super::layout::MixerKind;
-use super::site::{MixerNamespace, MixerSite};
+use super::site::{DictionaryPart, MixerNamespace, MixerSite};
 
 /// One row of a table: a site's name (relative to its table), symbolic shape and meaning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -254,8 +254,38 @@ pub fn markdown() -> String {
         );
         out += &markdown_table(kind.table().iter().map(|r| (r.site.name().to_string(), r)));
     }
+    out += "\nA feature dictionary attached at a layer site `SITE` (shaped `[B, T, X]` or \
+            `[B, T, NH, D]`), `SITE.sae.*`, served right after `SITE`, in call order:\n\n\
+            | site | shape | meaning |\n| --- | --- | --- |\n";
+    for (part, shape, meaning) in DICTIONARY_SITES {
+        out += &format!("| `sae.{}` | {shape} | {meaning} |\n", part.name());
+    }
     out
 }
+
+/// The values a dictionary attached at a site serves: shape (as the docs write it) and meaning.
+pub const DICTIONARY_SITES: [(DictionaryPart, &str, &str); 3] = [
+    (
+        DictionaryPart::Features,
+        "`[B, T, F]`",
+        "feature activations of the part of `SITE` the dictionary reads (all of it, or for a \
+         per-head dictionary one head; for a transcoder, its input site); writing them edits the \
+         value that flows on",
+    ),
+    (
+        DictionaryPart::Reconstruction,
+        "the part's shape",
+        "the decoder's output from the features as they flow on (a transcoder's includes its \
+         skip connection)",
+    ),
+    (
+        DictionaryPart::Error,
+        "the part's shape",
+        "the part minus the reconstruction of the unedited features; what flows on is \
+         reconstruction + error: the value itself, exactly, when nothing is written (without \
+         the error term, the reconstruction alone)",
+    ),
+];
 
 fn markdown_table<'a, S: 'static>(rows: impl Iterator<Item = (String, &'a SiteRow<S>)>) -> String {
     let mut out = String::from("| site | shape | meaning |\n| --- | --- | --- |\n");

@@ -58,3 +58,55 @@ fn shard_files(index: &Path) -> Result<Vec<String>> {
     files.dedup();
     Ok(files)
 }
+
+/// A feature dictionary's files in a hub repository: SAELens' pair, else Gemma Scope's one.
+const DICTIONARY_LAYOUTS: [&[&str]; 2] =
+    [&["cfg.json", "sae_weights.safetensors"], &["params.npz"]];
+
+/// Makes the dictionary folder `folder` of hub repository `repo` present in the cache at
+/// `cache_dir` (only the cache when `offline`); returns that folder in its snapshot.
+pub(super) fn fetch_dictionary(
+    repo: &str,
+    folder: &str,
+    cache_dir: &Path,
+    offline: bool,
+) -> Result<PathBuf> {
+    let spec = format!("{repo}/{folder}");
+    let not_found = |reason: String| Error::Dictionary {
+        path: PathBuf::from(&spec),
+        message: reason,
+    };
+    let cache = hf_hub::Cache::new(cache_dir.to_path_buf()).model(repo.to_string());
+    let api = match offline {
+        true => None,
+        false => Some(
+            hf_hub::api::sync::ApiBuilder::from_env()
+                .with_cache_dir(cache_dir.to_path_buf())
+                .with_progress(false)
+                .build()
+                .map_err(|e| not_found(format!("the hub client: {e}")))?
+                .model(repo.to_string()),
+        ),
+    };
+    let get = |file: &str| -> Option<PathBuf> {
+        let name = format!("{folder}/{file}");
+        cache
+            .get(&name)
+            .or_else(|| api.as_ref().and_then(|api| api.get(&name).ok()))
+    };
+    for layout in DICTIONARY_LAYOUTS {
+        let files: Option<Vec<PathBuf>> = layout.iter().map(|file| get(file)).collect();
+        if let Some(first) = files.and_then(|files| files.into_iter().next()) {
+            return Ok(super::snapshot_dir(&first));
+        }
+    }
+    Err(not_found(format!(
+        "neither {folder}/cfg.json with {folder}/sae_weights.safetensors (SAELens) nor \
+         {folder}/params.npz (Gemma Scope) is in the Hugging Face cache at {}{}",
+        cache_dir.display(),
+        match offline {
+            true => " and HF_HUB_OFFLINE is set",
+            false => " or could be downloaded",
+        }
+    )))
+}

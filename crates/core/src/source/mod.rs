@@ -81,6 +81,29 @@ impl ModelSource {
         hub::fetch(spec, cache_dir).map(ModelSource::Directory)
     }
 
+    /// Resolves a feature dictionary: a local folder or file, or else a hub path
+    /// `owner/repo/folder/...` (a dictionary folder in a hub repository, e.g.
+    /// `google/gemma-scope-2b-pt-res/layer_20/width_16k/average_l0_71`), fetched through the
+    /// hub cache as models are ([`ModelSource::resolve`]); returns the local path to load.
+    pub fn resolve_dictionary(spec: &str) -> Result<PathBuf> {
+        ModelSource::resolve_dictionary_in(spec, &hub_cache_dir(), hub_offline())
+    }
+
+    /// [`ModelSource::resolve_dictionary`] with an explicit hub cache directory and offline
+    /// switch.
+    pub fn resolve_dictionary_in(spec: &str, cache_dir: &Path, offline: bool) -> Result<PathBuf> {
+        let path = Path::new(spec);
+        let parts: Vec<&str> = spec.splitn(3, '/').collect();
+        let hub_path = parts.len() == 3
+            && !spec.starts_with(['.', '/'])
+            && parts.iter().all(|part| !part.is_empty());
+        if path.exists() || !hub_path {
+            return Ok(path.to_path_buf());
+        }
+        let repo = format!("{}/{}", parts[0], parts[1]);
+        hub::fetch_dictionary(&repo, parts[2].trim_end_matches('/'), cache_dir, offline)
+    }
+
     /// How this source is named in messages.
     pub fn origin(&self) -> PathBuf {
         match self {

@@ -49,6 +49,8 @@ class Model:
         dtype: str | None = None,
         matmul_precision: str | None = None,
         device: str | None = None,
+        sae: Sequence[str] | None = None,
+        sae_without_error: bool = False,
     ) -> None:
         """Load a local Hugging Face directory, a hub id, or (None) the embedded default model.
         `dtype` is the precision the weights are stored in: "auto" (or None: the config's
@@ -59,7 +61,12 @@ class Model:
         rounded to bfloat16 on their way into each product, about twice as fast on prompt calls
         with AVX-512 BF16). `device`: "cpu" (None), or "wgpu[:N]", "vulkan[:N]",
         "cuda[:N]", "ndarray" where the package was built with that backend's feature; a
-        device the build or machine lacks raises InputError saying which feature to enable."""
+        device the build or machine lacks raises InputError saying which feature to enable.
+        `sae`: feature dictionaries to attach, each "[SITE=]PATH" (a SAELens folder, a Gemma
+        Scope params.npz): their values become sites, SITE.sae.features [B, T, F],
+        SITE.sae.reconstruction and SITE.sae.error, to save and edit like any other; with no
+        edit the model runs unchanged. `sae_without_error`: replace those sites by the
+        reconstruction alone."""
 
     @property
     def dtype(self) -> str:

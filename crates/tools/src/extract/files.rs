@@ -7,7 +7,7 @@ use hookscope_core::burn::tensor::TensorData;
 use safetensors::SafeTensors;
 
 use super::prompts::Shard;
-use super::rows::{RowKind, SiteRows};
+use super::rows::{RowBuffer, RowKind, SiteRows};
 use hookscope_core::{Error, Result};
 
 /// Per-token index arrays every row file holds, `[rows]` int64.
@@ -56,9 +56,15 @@ impl FileNames {
     }
 }
 
+/// The suffix of a sparse site's indices tensor (`SITE.indices`, int64 `[rows, k]`, `-1` where a
+/// row has fewer than `k` non-zero entries).
+pub const SPARSE_INDICES: &str = ".indices";
+/// The suffix of a sparse site's values tensor (`SITE.values`, f32 `[rows, k]`).
+pub const SPARSE_VALUES: &str = ".values";
+
 /// Rows gathered for the next file.
 pub struct FileBuffer {
-    sites: Vec<(SiteRows, Vec<f32>)>,
+    sites: Vec<(SiteRows, RowBuffer)>,
     prompt_index: Vec<i64>,
     position: Vec<i64>,
     token_id: Vec<i64>,
@@ -70,7 +76,10 @@ impl FileBuffer {
     /// An empty buffer for these sites.
     pub fn new(sites: &[SiteRows]) -> FileBuffer {
         FileBuffer {
-            sites: sites.iter().map(|s| (s.clone(), Vec::new())).collect(),
+            sites: sites
+                .iter()
+                .map(|s| (s.clone(), RowBuffer::default()))
+                .collect(),
             prompt_index: Vec::new(),
             position: Vec::new(),
             token_id: Vec::new(),
@@ -102,7 +111,7 @@ impl FileBuffer {
     }
 
     /// The buffer a site's rows go to.
-    pub fn site_buffer(&mut self, index: usize) -> (&SiteRows, &mut Vec<f32>) {
+    pub fn site_buffer(&mut self, index: usize) -> (&SiteRows, &mut RowBuffer) {
         let (rows, buffer) = &mut self.sites[index];
         (rows, buffer)
     }
@@ -110,15 +119,28 @@ impl FileBuffer {
     /// Writes the held rows to `path` (atomically) and empties the buffer.
     pub fn write(&mut self, path: &Path) -> Result<()> {
         let (rows, prompts) = (self.rows(), self.prompts());
-        let mut tensors = Vec::with_capacity(self.sites.len() + 5);
-        for (site, values) in &mut self.sites {
+        let mut tensors = Vec::with_capacity(2 * self.sites.len() + 5);
+        for (site, buffer) in &mut self.sites {
             let count = match site.kind {
                 RowKind::Token => rows,
                 RowKind::Prompt => prompts,
             };
             let shape: Vec<usize> = [count].into_iter().chain(site.row_shape.clone()).collect();
-            let values = std::mem::take(values);
-            tensors.push((site.site.to_string(), TensorData::new(values, shape)));
+            let RowBuffer { values, indices } = std::mem::take(buffer);
+            match site.sparse {
+                None => tensors.push((site.site.to_string(), TensorData::new(values, shape))),
+                Some(_) => {
+                    let name = site.site.to_string();
+                    tensors.push((
+                        format!("{name}{SPARSE_INDICES}"),
+                        TensorData::new(indices, shape.clone()),
+                    ));
+                    tensors.push((
+                        format!("{name}{SPARSE_VALUES}"),
+                        TensorData::new(values, shape),
+                    ));
+                }
+            }
         }
         for (name, values, count) in [
             (PROMPT_INDEX, &mut self.prompt_index, rows),

@@ -14,15 +14,18 @@ mod rows;
 
 use std::path::{Path, PathBuf};
 
-pub use files::{POSITION, PROMPT_INDEX, PROMPTS_LENGTH, PROMPTS_PROMPT_INDEX, TOKEN_ID};
+pub use files::{
+    POSITION, PROMPT_INDEX, PROMPTS_LENGTH, PROMPTS_PROMPT_INDEX, SPARSE_INDICES, SPARSE_VALUES,
+    TOKEN_ID,
+};
 pub use prompts::{Prompt, PromptReader, Shard};
-pub use rows::{RowKind, SiteRows};
+pub use rows::{RowBuffer, RowKind, SiteRows};
 
 use files::{FileBuffer, FileNames, read_index, read_json, write_json};
 use serde::{Deserialize, Serialize};
 
 use hookscope_core::hooks::{Interventions, Steps};
-use hookscope_core::schema::Site;
+use hookscope_core::schema::{DictionaryPart, Site};
 use hookscope_core::{Error, Result};
 use hookscope_core::{Model, Run};
 
@@ -50,6 +53,9 @@ pub struct ExtractJob {
     pub max_rows_per_file: usize,
     /// The part of the prompts this run takes.
     pub shard: Shard,
+    /// Dictionary features (`SITE.sae.features`) are kept as their `k` largest non-zero entries
+    /// per token (`SITE.sae.features.indices` and `.values`, `[rows, k]`); other sites densely.
+    pub feature_top_k: usize,
 }
 
 /// How far a run has got (for progress displays).
@@ -72,8 +78,11 @@ pub struct SiteEntry {
     pub name: String,
     /// Token rows or prompt rows.
     pub rows: RowKind,
-    /// The shape of one row.
+    /// The shape of one row (`[k]` for sparse rows).
     pub shape: Vec<usize>,
+    /// For sparse rows, `k`: the files hold `NAME.indices` and `NAME.values` instead of `NAME`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sparse_top_k: Option<usize>,
 }
 
 /// The settings a rerun must repeat to resume a job: written before the first file.
@@ -138,11 +147,26 @@ pub fn extract(
     let rows: Vec<SiteRows> = job
         .sites
         .iter()
-        .map(|site| SiteRows::of(model.layout(), *site))
+        .map(|site| {
+            let sparse = matches!(
+                site,
+                Site::Dictionary {
+                    part: DictionaryPart::Features,
+                    ..
+                }
+            );
+            SiteRows::of_with(model.layout(), *site, sparse.then_some(job.feature_top_k))
+        })
         .collect::<Result<_>>()?;
     let row_bytes = rows
         .iter()
-        .map(|r| r.row_len().saturating_mul(std::mem::size_of::<f32>()))
+        .map(|r| {
+            let element = match r.sparse {
+                Some(_) => std::mem::size_of::<f32>() + std::mem::size_of::<i64>(),
+                None => std::mem::size_of::<f32>(),
+            };
+            r.row_len().saturating_mul(element)
+        })
         .fold(3 * std::mem::size_of::<i64>(), usize::saturating_add);
     hookscope_core::memory::ensure_fits(
         || format!("a file of {} rows", job.max_rows_per_file),
@@ -244,6 +268,7 @@ fn site_entry(rows: &SiteRows) -> SiteEntry {
         name: rows.site.to_string(),
         rows: rows.kind,
         shape: rows.row_shape.clone(),
+        sparse_top_k: rows.sparse,
     }
 }
 
