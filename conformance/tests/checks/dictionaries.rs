@@ -312,3 +312,50 @@ fn hub_paths_resolve_dictionaries_from_the_local_cache() {
         local
     );
 }
+
+#[test]
+fn a_per_head_dictionary_replaces_only_its_head() {
+    let dir = hookscope_conformance::fixtures_dir().join("gpt2-tied");
+    let meta: Value =
+        serde_json::from_slice(&std::fs::read(dir.join("dictionaries.json")).unwrap()).unwrap();
+    let site = "layers.1.self_attn.attention_head_outputs";
+    let heads_of = |model: &Model, names: &[&str]| {
+        let batch = model.batch(vec![prompt(&meta)]).unwrap();
+        let mut interventions = Interventions::new();
+        for name in names {
+            interventions = interventions.save(model.layout().resolve(name).unwrap(), Steps::At(0));
+        }
+        let trace = model.trace(&batch, &interventions).unwrap();
+        names
+            .iter()
+            .map(|name| {
+                let site = model.layout().resolve(name).unwrap();
+                let value = trace.saved.get(site, 0).unwrap();
+                (value.shape(), values(value))
+            })
+            .collect::<Vec<_>>()
+    };
+    let plain = load(&dir).unwrap();
+    let original = heads_of(&plain, &[site]).remove(0);
+    let mut spliced = load(&dir).unwrap();
+    attach(&mut spliced, &dir, entry(&meta, "z-head1"), true);
+    let reconstruction = format!("{site}.sae.reconstruction");
+    let got = heads_of(&spliced, &[site, &reconstruction]);
+    let ((shape, flowing), (_, head1)) = (&got[0], &got[1]);
+    assert_eq!(shape, &original.0);
+    let [_, tokens, heads, dim] = shape[..] else {
+        panic!("{shape:?}")
+    };
+    for t in 0..tokens {
+        for h in 0..heads {
+            let at = (t * heads + h) * dim;
+            let row = &flowing[at..at + dim];
+            let expected = match h {
+                1 => &head1[t * dim..(t + 1) * dim],
+                _ => &original.1[at..at + dim],
+            };
+            assert_eq!(row, expected, "token {t} head {h}");
+        }
+    }
+    assert!(max_diff(&head1[..dim], &original.1[dim..2 * dim]) > 1e-3);
+}
