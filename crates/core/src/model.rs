@@ -23,9 +23,13 @@ use crate::tokenizer::Tokenizer;
 use crate::weights::{LoadReport, WeightLoader};
 
 /// A loaded model: an adapter, its tokenizer and generation defaults, on a device.
+///
+/// A clone shares the weights (and the attached dictionaries): attaching a dictionary to a clone
+/// leaves the original as it was.
+#[derive(Clone)]
 pub struct Model {
     arch: &'static Architecture,
-    network: Box<dyn CausalLm>,
+    network: Arc<dyn CausalLm>,
     /// The adapter's layout, with the attached dictionaries' placements.
     layout: ModelLayout,
     /// The attached dictionaries, in the order of `layout.dictionaries`.
@@ -113,7 +117,7 @@ impl Model {
         let mut loader = WeightLoader::new(&checkpoint, device)
             .with_dtype(dtype)
             .with_matmul_precision(options.matmul_precision);
-        let network = (arch.load)(&config, &mut loader)?;
+        let network: Arc<dyn CausalLm> = (arch.load)(&config, &mut loader)?.into();
         let mut load_report = loader.finish()?;
         let tokenizer = source.tokenizer()?;
         let vocab = network.layout().vocab;
@@ -175,7 +179,7 @@ impl Model {
     ) -> Result<Model> {
         crate::cpu::check_kernel_choice().map_err(Error::InvalidInput)?;
         let mut loader = WeightLoader::random(seed, device);
-        let network = (arch.load)(config, &mut loader)?;
+        let network: Arc<dyn CausalLm> = (arch.load)(config, &mut loader)?.into();
         Ok(Model {
             arch,
             layout: network.layout().clone(),

@@ -5,6 +5,7 @@ use std::path::Path;
 use crate::error::{Error, Result};
 
 /// A model's tokenizer.
+#[derive(Clone)]
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
 }

@@ -23,6 +23,17 @@ pub struct PyModel {
     model: Box<Model>,
 }
 
+/// Attaches the dictionaries `specs` names (`"[SITE=]PATH"` each) to `model`.
+fn attach_all(model: &mut Model, specs: &[String], without_error: bool) -> hookscope::Result<()> {
+    for spec in specs {
+        let (options, path) = AttachOptions::parse(spec, without_error);
+        let path = ModelSource::resolve_dictionary(&path)?;
+        let dictionary = Dictionary::load(&path, model.device())?;
+        model.attach(dictionary, options)?;
+    }
+    Ok(())
+}
+
 /// The requests of one call, in the CLI's syntax.
 struct Requests<'py> {
     save: Option<Vec<String>>,
@@ -212,13 +223,25 @@ impl PyModel {
                     matmul_precision,
                 };
                 let mut model = Model::load_with(&source, &device, options)?;
-                for spec in sae.iter().flatten() {
-                    let (options, path) = AttachOptions::parse(spec, sae_without_error);
-                    let path = ModelSource::resolve_dictionary(&path)?;
-                    model.attach(Dictionary::load(&path, &device)?, options)?;
-                }
+                attach_all(
+                    &mut model,
+                    sae.as_deref().unwrap_or_default(),
+                    sae_without_error,
+                )?;
                 Ok::<_, hookscope::Error>(model)
             })
+            .py()?;
+        Ok(PyModel {
+            model: Box::new(model),
+        })
+    }
+
+    /// A new Model sharing this one's weights, with feature dictionaries attached: each of
+    /// `sae` is `"[SITE=]PATH"` as for the constructor's `sae=`. This model is unchanged.
+    #[pyo3(signature = (sae, *, without_error = false))]
+    fn attach(&self, py: Python<'_>, sae: Vec<String>, without_error: bool) -> PyResult<Self> {
+        let mut model = self.model.as_ref().clone();
+        py.detach(|| attach_all(&mut model, &sae, without_error))
             .py()?;
         Ok(PyModel {
             model: Box::new(model),

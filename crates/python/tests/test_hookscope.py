@@ -89,6 +89,13 @@ def test_sae_features_match_the_sae_lens_reference_and_edits_flow_on():
     assert np.array_equal(t.saved["logits@0"], plain.saved["logits@0"])
     ablated = model.trace([meta["prompt"]], save=["logits"], zero=[f"{site}.features[:, :, 18]"])
     assert np.abs(ablated.saved["logits@0"] - plain.saved["logits@0"]).max() > 1e-3
+    # attach() gives a new model sharing the weights; the original stays as it was.
+    base = hookscope.Model(str(fixture))
+    attached = base.attach([sae])
+    again = attached.trace([meta["prompt"]], save=[f"{site}.features"])
+    assert np.array_equal(again.saved[f"{site}.features@0"], t.saved[f"{site}.features@0"])
+    with pytest.raises(hookscope.Error, match="no dictionary is attached"):
+        base.trace([meta["prompt"]], save=[f"{site}.features"])
     with pytest.raises(hookscope.Error, match="d_in"):
         llama = FIXTURES / "llama-gqa2-llama3-bias" / "dictionaries" / "resid-jumprelu"
         hookscope.Model(str(fixture), sae=[str(llama)])

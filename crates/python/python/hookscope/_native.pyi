@@ -68,6 +68,10 @@ class Model:
         edit the model runs unchanged. `sae_without_error`: replace those sites by the
         reconstruction alone."""
 
+    def attach(self, sae: Sequence[str], *, without_error: bool = False) -> "Model":
+        """A new Model sharing this one's weights, with feature dictionaries attached (each
+        "[SITE=]PATH" as for `sae=`); this model is unchanged."""
+
     @property
     def dtype(self) -> str:
         """The precision the weights are stored in: "float32", "bfloat16" or "float16"."""
