@@ -254,3 +254,45 @@ fn extract_keeps_features_sparse_and_equal_to_a_runs_top_features() {
         }
     }
 }
+
+#[test]
+fn patch_and_lens_take_dictionary_sites() {
+    let (_keep, model) = model();
+    let sae = dictionary("resid-standard");
+    let site = "layers.1.layer_input.sae.features";
+    let sweep = json(&hookscope(&[
+        "patch",
+        &model,
+        "--sae",
+        &sae,
+        "--clean",
+        "A,B;C",
+        "--corrupt",
+        "A,B;D",
+        "--site",
+        site,
+        "--metric",
+        "prob:#5",
+        "--json",
+    ]));
+    assert_eq!(sweep["sites"][0]["site"], site, "{sweep}");
+    let scores: Vec<f64> = sweep["sites"][0]["scores"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s.as_f64().unwrap())
+        .collect();
+    // Where the prompts agree the clean features are the corrupt ones: patching them moves
+    // nothing (beyond rounding: the value flows on as reconstruction plus error).
+    let (last, same) = scores.split_last().unwrap();
+    assert!(same.iter().all(|s| s.abs() < 1e-4), "{scores:?}");
+    assert!(last.abs() > 1e-3, "{scores:?}");
+    // The lens reads through a spliced reconstruction: its layers differ from the plain lens.
+    let lens = |extra: &[&str]| {
+        let mut args = vec!["lens", &model, "--prompt", "A,B;C", "--json"];
+        args.extend_from_slice(extra);
+        json(&hookscope(&args))["layers"][1].clone()
+    };
+    assert_eq!(lens(&["--sae", &sae]), lens(&[]));
+    assert_ne!(lens(&["--sae", &sae, "--sae-without-error"]), lens(&[]));
+}
