@@ -266,6 +266,36 @@ fn a_dictionary_that_does_not_fit_the_model_is_refused_naming_both() {
             .to_string();
         assert!(message.contains(says), "{site}: {message}");
     }
+    // An input site is a transcoder's: it must come before the site written, and an SAE has none.
+    let transcoder = fixtures.join("gpt2-tied/dictionaries/transcoder-skip");
+    let transcoder = Dictionary::load(&transcoder, &test_device()).unwrap();
+    let options = |input: &str| AttachOptions {
+        input: Some(input.into()),
+        ..Default::default()
+    };
+    let site = gpt2
+        .attach(transcoder.clone(), options("layers.0.layer_output"))
+        .unwrap();
+    assert_eq!(
+        gpt2.layout()
+            .dictionary_at(site)
+            .unwrap()
+            .1
+            .input
+            .to_string(),
+        "layers.0.layer_output"
+    );
+    assert!(gpt2.detach(site) && !gpt2.detach(site));
+    let message = gpt2
+        .attach(transcoder, options("layers.1.layer_output"))
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("does not come before"), "{message}");
+    let message = gpt2
+        .attach(dictionary.clone(), options("layers.0.layer_input"))
+        .unwrap_err()
+        .to_string();
+    assert!(message.contains("for transcoders"), "{message}");
     // A value of a dictionary nobody attached names the way to attach one.
     let message = gpt2
         .layout()

@@ -354,6 +354,38 @@ mod tests {
     }
 
     #[test]
+    fn every_architecture_maps_to_its_activation_and_kind() {
+        for (architecture, activation, transcoder, skip) in [
+            ("standard", Activation::Relu, false, false),
+            ("batchtopk", Activation::TopK { k: 2 }, false, false),
+            ("jumprelu", Activation::JumpRelu, false, false),
+            ("gated", Activation::Gated, false, false),
+            ("transcoder", Activation::Relu, true, false),
+            ("skip_transcoder", Activation::Relu, true, true),
+            ("jumprelu_transcoder", Activation::JumpRelu, true, false),
+            ("jumprelu_skip_transcoder", Activation::JumpRelu, true, true),
+        ] {
+            let json = format!(
+                r#"{{"architecture": "{architecture}", "k": 2, "d_in": 8, "d_sae": 16,
+                    "d_out": 6, "apply_b_dec_to_input": false,
+                    "normalize_activations": "expected_average_only_in"}}"#
+            );
+            let config = parse(&json).unwrap();
+            assert_eq!(
+                (config.activation, config.transcoder, config.skip),
+                (activation, transcoder, skip),
+                "{architecture}"
+            );
+            assert_eq!(
+                config.d_out,
+                if transcoder { 6 } else { 8 },
+                "{architecture}"
+            );
+            assert_eq!(config.normalization, Normalization::None);
+        }
+    }
+
+    #[test]
     fn bad_settings_name_the_file_and_key() {
         for (json, says) in [
             (

@@ -179,16 +179,6 @@ impl Dictionary {
         &self.config
     }
 
-    /// Number of features (`F`).
-    pub fn features(&self) -> usize {
-        self.config.features
-    }
-
-    /// Where it was loaded from.
-    pub fn path(&self) -> &Path {
-        &self.config.path
-    }
-
     /// `x` normalised as the config says, with the per-row scale and shift that undo it.
     fn normalize(&self, x: Tensor<2>) -> (Tensor<2>, Option<Tensor<2>>, Option<Tensor<2>>) {
         match self.config.normalization {

@@ -83,35 +83,11 @@ impl ModelLayout {
             .collect()
     }
 
-    /// The shape of a dictionary value at `site` (a [`Site::Dictionary`]) in a call: `[B, T, F]`
-    /// for features, the value the dictionary replaces for the others (without the head axis
-    /// where it reads one head).
-    fn dictionary_shape(&self, site: Site, call: CallDims) -> Result<Vec<usize>> {
-        let Site::Dictionary { part, .. } = site else {
-            return self.shape(site, call);
-        };
-        let host = site.dictionary_host();
-        let (_, placement) = self
-            .dictionary_at(host)
-            .ok_or_else(|| no_dictionary(site))?;
-        if part == DictionaryPart::Features {
-            return Ok(vec![call.batch, call.tokens, placement.features]);
-        }
-        let mut shape = self.shape(host, call)?;
-        if placement.head.is_some() {
-            shape.remove(2);
-        }
-        Ok(shape)
-    }
-
     /// The concrete shape of a site in a call of the given dimensions.
     ///
     /// Errors as [`Self::symbolic_shape`], and with [`Error::UnsizedAxis`] where the tables give
     /// the site an axis its block does not size.
     pub fn shape(&self, site: Site, call: CallDims) -> Result<Vec<usize>> {
-        if let Site::Dictionary { .. } = site {
-            return self.dictionary_shape(site, call);
-        }
         let (shape, mixer) = self.shaped(site)?;
         shape
             .0
@@ -201,6 +177,46 @@ mod tests {
     use super::super::layout::tests::gpt2_like;
     use super::super::site::{MixerNamespace, MixerSite};
     use super::*;
+
+    #[test]
+    fn dictionary_values_are_shaped_by_their_placement() {
+        use super::super::layout::DictionaryPlacement;
+        use super::super::site::DictionaryPart;
+        let mut layout = gpt2_like(2);
+        let heads = Site::self_attn(0, MixerSite::AttentionHeadOutputs);
+        let residual = Site::layer(1, LayerSite::LayerOutput);
+        for (site, head) in [(heads, Some(1)), (residual, None)] {
+            layout.dictionaries.push(DictionaryPlacement {
+                site,
+                input: site,
+                features: 7,
+                head,
+            });
+        }
+        let call = CallDims::at_step(2, 5, 0);
+        let part = |site: Site, part| match site {
+            Site::Layer { layer, site } => Site::Dictionary { layer, site, part },
+            other => other,
+        };
+        let shape = |site| layout.shape(site, call).unwrap();
+        assert_eq!(shape(part(heads, DictionaryPart::Features)), [2, 5, 7]);
+        assert_eq!(shape(part(heads, DictionaryPart::Error)), [2, 5, 4]);
+        assert_eq!(
+            shape(part(residual, DictionaryPart::Reconstruction)),
+            [2, 5, 8]
+        );
+        assert_eq!(
+            layout
+                .fixed_shape(part(heads, DictionaryPart::Features))
+                .unwrap(),
+            [None, None, Some(7)]
+        );
+        let unattached = part(
+            Site::layer(0, LayerSite::LayerOutput),
+            DictionaryPart::Error,
+        );
+        assert!(layout.shape(unattached, call).is_err());
+    }
 
     #[test]
     fn attention_keys_grow_with_the_cache_and_queries_do_not() {
