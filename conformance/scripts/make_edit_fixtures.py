@@ -10,7 +10,9 @@ runs each case through the same parser the CLI uses and compares, so CI needs no
     python conformance/scripts/make_edit_fixtures.py
 
 Each case is a greedy generation of NEW_TOKENS tokens from the fixture's first prompt with one
-edit; the reference keeps the output ids and every step's last-position logits.
+edit (steering, patching, zeroing, a head ablation before the output projection and as a write
+to the head's residual write, a neuron ablation, a router write); the reference keeps the output
+ids and every step's last-position logits.
 """
 
 import json
@@ -21,7 +23,7 @@ from safetensors.torch import save_file
 from transformers import AutoModelForCausalLM, GenerationConfig
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
-CASES_FOR = ["gpt2-tied", "llama-gqa2-llama3-bias", "mamba-tied", "qwen3.5-dense"]
+CASES_FOR = ["gpt2-tied", "llama-gqa2-llama3-bias", "mamba-tied", "qwen3.5-dense", "mixtral-top2"]
 NEW_TOKENS = 3
 
 
@@ -149,6 +151,56 @@ def make(name):
         tensors["ablate/logits"] = logits
         site = f"layers.{attention_layer}.self_attn.attention_head_outputs[:, :, 1]"
         cases.append({"name": "ablate", "zero": [f"{site}@all"]})
+
+    # The same head ablation as a write to what the head adds to the residual stream: its
+    # product with the output projection zeroed (the projection's bias still added).
+    if attention_layer is not None:
+        handle = out_projs[attention_layer].register_forward_pre_hook(ablate)
+        ids, logits = generate(model, prompt, steps)
+        handle.remove()
+        tensors["ablate-write/output_ids"] = ids
+        tensors["ablate-write/logits"] = logits
+        site = f"layers.{attention_layer}.self_attn.attention_head_writes[:, :, 1]"
+        cases.append({"name": "ablate-write", "zero": [f"{site}@all"]})
+
+    # Neuron ablation: neurons 5..7 of block 0's dense MLP zeroed where the down projection
+    # reads them, at every step.
+    mlp = getattr(blocks[0], "mlp", None)
+    down = None if mlp is None or hasattr(mlp, "experts") else getattr(mlp, "down_proj", None) or getattr(mlp, "c_proj", None)
+    if down is not None:
+        def ablate_neurons(_module, args):
+            x = args[0].clone()
+            x[..., 5:8] = 0
+            return (x,)
+
+        handle = down.register_forward_pre_hook(ablate_neurons)
+        ids, logits = generate(model, prompt, steps)
+        handle.remove()
+        tensors["neurons/output_ids"] = ids
+        tensors["neurons/logits"] = logits
+        cases.append({"name": "neurons", "zero": ["layers.0.mlp.post_activation[:, :, 5:8]@all"]})
+
+    # A router write: 3.0 added to expert 0's router logit in block 1 at every step, the
+    # routing recomputed from the written logits as the router does (softmax, top k,
+    # renormalised).
+    if mlp is not None and hasattr(mlp, "experts"):
+        router = blocks[1].mlp.gate
+
+        def reroute(module, _args, output):
+            logits = output[0].clone()
+            logits[:, 0] += 3.0
+            probs = torch.softmax(logits.float(), dim=-1)
+            top, chosen = torch.topk(probs, module.top_k, dim=-1)
+            gaps = probs.sort(dim=-1, descending=True).values
+            assert (gaps[:, module.top_k - 1] - gaps[:, module.top_k]).min() > 1e-3, "a near-tie after the write"
+            return logits, top / top.sum(dim=-1, keepdim=True), chosen
+
+        handle = router.register_forward_hook(reroute)
+        ids, logits = generate(model, prompt, steps)
+        handle.remove()
+        tensors["router/output_ids"] = ids
+        tensors["router/logits"] = logits
+        cases.append({"name": "router", "add": ["layers.1.mlp.router_logits[:, :, 0]@all=3.0"]})
 
     # The logit lens at the prompt call: every block's output through the final norm and head.
     outputs = []

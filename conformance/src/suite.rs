@@ -11,6 +11,7 @@ use crate::parity::{all_sites, check_generation, check_prompt_call};
 use crate::report::{ArchReport, CheckOutcome, Status};
 use hookscope::burn::tensor::Device;
 use hookscope::decoding::argmax;
+use hookscope::hooks::{Action, Write};
 use hookscope::schema::{CallDims, MixerKind};
 use hookscope::{
     Architecture, Decoding, Generation, GenerationConfig, Interventions, LayerSite, MixerSite,
@@ -75,6 +76,8 @@ pub fn run(arch: &'static Architecture, fixtures: Option<&Path>, device: &Device
             record("padded batch", subject.padded_batch());
             record("cache = recompute", subject.cache_equals_recompute());
             record("residual identity", subject.residual_identity());
+            record("head writes sum", subject.head_writes_sum());
+            record("logit attribution sums", subject.logit_attribution_sums());
         }
     }
     match fixtures {
@@ -271,7 +274,7 @@ impl Subject {
                 let site = |site| self.saved(&self.batch_run, Site::layer(layer, site), step);
                 let mut sum = site(LayerSite::LayerInput)?;
                 let mut parts = vec![site(LayerSite::AttentionOutput)?];
-                if spec.has_mlp {
+                if spec.has_mlp() {
                     parts.push(site(LayerSite::MlpOutput)?);
                 }
                 for part in parts {
@@ -289,7 +292,133 @@ impl Subject {
                          attention_output + mlp_output by {diff:.2e}"
                     ));
                 }
+                if spec.has(LayerSite::ResidualMid) {
+                    let mut mid = site(LayerSite::LayerInput)?;
+                    let attention = site(LayerSite::AttentionOutput)?;
+                    mid.iter_mut().zip(attention).for_each(|(m, a)| *m += a);
+                    let diff = max_diff(&mid, &site(LayerSite::ResidualMid)?);
+                    if diff > 1e-5 * scale {
+                        return Err(format!(
+                            "layer {layer}, step {step}: residual_mid differs from layer_input + \
+                             attention_output by {diff:.2e}"
+                        ));
+                    }
+                }
             }
+        }
+        Ok(Checked::Pass)
+    }
+
+    /// Each softmax-attention layer's head writes are a decomposition of its output
+    /// projection: written back as served (their sum plus the projection's bias flows on), the
+    /// run is the unedited one. With a head's write zeroed, the output changes.
+    fn head_writes_sum(&self) -> CheckResult {
+        let layout = self.model.layout();
+        let writes: Vec<Site> = layout
+            .call_order()
+            .into_iter()
+            .filter(|site| {
+                matches!(
+                    site,
+                    Site::Layer {
+                        site: LayerSite::Mixer(_, MixerSite::AttentionHeadWrites),
+                        ..
+                    }
+                )
+            })
+            .collect();
+        if writes.is_empty() {
+            return Ok(Checked::NotApplicable);
+        }
+        let batch = self
+            .model
+            .batch(vec![self.prompts[0].clone()])
+            .map_err(error)?;
+        let reads = writes.iter().fold(Interventions::new(), |acc, site| {
+            acc.save(*site, Steps::At(0))
+        });
+        let plain = self.model.trace(&batch, &reads).map_err(error)?;
+        let logits = |trace: &hookscope::Trace| -> Result<Vec<f32>, String> {
+            floats(&SiteValue::Float3(trace.logits().map_err(error)?.clone()))
+        };
+        let expected = logits(&plain)?;
+        let mut written = Interventions::new();
+        for site in &writes {
+            let value = plain.saved.require(*site, 0).map_err(error)?.clone();
+            written = written.set(*site, Steps::At(0), value);
+        }
+        let rewritten = self.model.trace(&batch, &written).map_err(error)?;
+        let scale = expected.iter().fold(1.0f32, |m, v| m.max(v.abs()));
+        let diff = max_diff(&logits(&rewritten)?, &expected);
+        if diff > TOLERANCE * scale {
+            return Err(format!(
+                "the heads' writes written back as served change the logits by {diff:.2e}: \
+                 their sum plus the bias is not the output projection"
+            ));
+        }
+        let mut zeroed = Interventions::new();
+        let head = hookscope::hooks::Index::parse(":, :, 0")?;
+        zeroed.push_indexed(writes[0], head, Steps::At(0), Action::Write(Write::Zero));
+        let ablated = self.model.trace(&batch, &zeroed).map_err(error)?;
+        if max_diff(&logits(&ablated)?, &expected) == 0.0 {
+            return Err(format!(
+                "zeroing head 0 of `{}` left the logits unchanged",
+                writes[0]
+            ));
+        }
+        Ok(Checked::Pass)
+    }
+
+    /// Direct logit attribution of the first prompt's last position: its parts and biases sum
+    /// to the logit, and the final norm's bias part is the head applied to the final norm of a
+    /// zero residual (its bias) less the head's own bias.
+    fn logit_attribution_sums(&self) -> CheckResult {
+        let batch = self
+            .model
+            .batch(vec![self.prompts[0].clone()])
+            .map_err(error)?;
+        let attribution = hookscope::analysis::logit_attribution(
+            &self.model,
+            &batch,
+            1,
+            Some(0),
+            &Interventions::new(),
+        )
+        .map_err(error)?;
+        let scale = attribution.logit.abs().max(1.0);
+        let diff = (attribution.sum() - attribution.logit).abs();
+        if diff > TOLERANCE * scale {
+            return Err(format!(
+                "the parts sum to {}, the logit difference is {}",
+                attribution.sum(),
+                attribution.logit
+            ));
+        }
+        let hidden = self.model.layout().hidden;
+        let device = self.model.device();
+        let zero = hookscope::burn::tensor::Tensor::<3>::zeros([1, 1, hidden], device);
+        let heads = |x| floats(&SiteValue::Float3(self.model.head_logits(x)));
+        let bias = heads(self.model.final_norm(zero.clone()))?;
+        let own = heads(zero)?;
+        let expected = (bias[1] - own[1]) - (bias[0] - own[0]);
+        if (attribution.final_norm_bias - expected).abs() > TOLERANCE * scale {
+            return Err(format!(
+                "the final norm's bias part is {}, its bias through the head {expected}",
+                attribution.final_norm_bias
+            ));
+        }
+        let heads_and_rest: f32 = attribution
+            .layers
+            .iter()
+            .filter_map(|layer| {
+                let heads: f32 = layer.mixer.heads.as_ref()?.iter().sum();
+                Some((layer.mixer.total - heads - layer.mixer.rest?).abs())
+            })
+            .fold(0.0, f32::max);
+        if heads_and_rest > TOLERANCE * scale {
+            return Err(format!(
+                "a layer's heads and rest miss its mixer's part by {heads_and_rest:.2e}"
+            ));
         }
         Ok(Checked::Pass)
     }

@@ -1,7 +1,9 @@
 //! The conformance suite over every registered adapter, and proof that it catches a broken one.
 
+use hookscope::burn::tensor::Tensor;
 use hookscope::cache::ModelCache;
 use hookscope::registry;
+use hookscope::schema::FeedForwardKind;
 use hookscope::{
     ArchConfig, Architecture, BUILTIN, Call, CausalLm, ModelLayout, Result, WeightLoader,
 };
@@ -59,7 +61,7 @@ impl Misdeclared {
         let inner = Gpt2::load(config, loader)?;
         let mut layout = inner.layout().clone();
         for layer in &mut layout.layers {
-            layer.has_mlp = false;
+            layer.feed_forward = FeedForwardKind::None;
         }
         Ok(Misdeclared { inner, layout })
     }
@@ -75,14 +77,17 @@ impl CausalLm for Misdeclared {
     fn new_cache(&self) -> ModelCache {
         self.inner.new_cache()
     }
-    fn forward(&self, call: &mut Call<'_>) -> Result<hookscope::burn::tensor::Tensor<3>> {
+    fn forward(&self, call: &mut Call<'_>) -> Result<Tensor<3>> {
         self.inner.forward(call)
     }
-    fn unembed(
-        &self,
-        hidden: hookscope::burn::tensor::Tensor<3>,
-    ) -> hookscope::burn::tensor::Tensor<3> {
-        self.inner.unembed(hidden)
+    fn final_norm(&self, hidden: Tensor<3>) -> Tensor<3> {
+        self.inner.final_norm(hidden)
+    }
+    fn head(&self, normed: Tensor<3>) -> Tensor<3> {
+        self.inner.head(normed)
+    }
+    fn final_norm_linearised(&self, reference: Tensor<3>, parts: Tensor<4>) -> Tensor<4> {
+        self.inner.final_norm_linearised(reference, parts)
     }
 }
 
@@ -108,11 +113,11 @@ fn a_misdeclared_adapter_fails_with_the_first_difference() {
     let (served, detail) = status("sites served once");
     assert_eq!(served, Status::Fail);
     assert!(
-        detail.contains("layers.0.mlp_output") && detail.contains("undeclared"),
+        detail.contains("layers.0.residual_mid") && detail.contains("undeclared"),
         "{detail}"
     );
     let (order, detail) = status("contract order");
     assert_eq!(order, Status::Fail);
-    assert!(detail.contains("mlp_output"), "{detail}");
+    assert!(detail.contains("residual_mid"), "{detail}");
     assert_eq!(status("next_token_probs").0, Status::Pass);
 }

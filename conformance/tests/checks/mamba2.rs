@@ -96,7 +96,7 @@ fn bamba_declares_and_serves_each_layers_own_mixer() {
         layers[1].mixer,
         MixerKind::SoftmaxAttention { .. }
     ));
-    assert!(layers.iter().all(|layer| layer.has_mlp));
+    assert!(layers.iter().all(|layer| layer.has_mlp()));
     let attention_state = model.layout().resolve("layers.1.self_attn.state_input");
     assert!(
         attention_state

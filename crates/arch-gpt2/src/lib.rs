@@ -10,9 +10,10 @@
 use hookscope_core::burn::tensor::Tensor;
 use hookscope_core::config::{AttentionHeads, HeadDim, HeadKeys};
 use hookscope_core::nn::{
-    Activation, Embedding, LayerNorm, Linear, ScoreRules, SoftmaxAttention, residual_block,
+    Activation, Embedding, LayerNorm, Linear, PlainMlp, ScoreRules, SoftmaxAttention,
+    project_heads, residual_block,
 };
-use hookscope_core::schema::LayerSpec;
+use hookscope_core::schema::{FeedForwardKind, LayerSpec};
 use hookscope_core::{
     ArchConfig, Architecture, Call, CausalLm, ModelLayout, Result, Site, WeightLoader,
 };
@@ -70,15 +71,13 @@ struct Block {
     attention: SoftmaxAttention,
     c_proj: Linear,
     ln_2: LayerNorm,
-    c_fc: Linear,
-    mlp_proj: Linear,
+    mlp: PlainMlp,
 }
 
 /// A loaded GPT-2.
 pub struct Gpt2 {
     layout: ModelLayout,
     config: Gpt2Config,
-    activation: Activation,
     wte: Embedding,
     wpe: Embedding,
     blocks: Vec<Block>,
@@ -138,18 +137,20 @@ impl Gpt2 {
                     ),
                     c_proj: Linear::load_conv1d(block.pp("attn.c_proj"), h, h)?,
                     ln_2: LayerNorm::load(block.pp("ln_2"), h, eps)?,
-                    c_fc: Linear::load_conv1d(block.pp("mlp.c_fc"), h, inner)?,
-                    mlp_proj: Linear::load_conv1d(block.pp("mlp.c_proj"), inner, h)?,
+                    mlp: PlainMlp::new(
+                        Linear::load_conv1d(block.pp("mlp.c_fc"), h, inner)?,
+                        Linear::load_conv1d(block.pp("mlp.c_proj"), inner, h)?,
+                        activation,
+                    ),
                 })
             })
             .collect::<Result<_>>()?;
         let ln_f = LayerNorm::load(transformer.pp("ln_f"), h, config.layer_norm_epsilon)?;
         let lm_head = Linear::head(loader.pp("lm_head"), &wte, config.tie_word_embeddings)?;
-        let layer = LayerSpec::attention(heads, heads, head_dim);
+        let layer = LayerSpec::attention(heads, heads, head_dim, FeedForwardKind::Plain { inner });
         Ok(Gpt2 {
             layout: ModelLayout::uniform(h, config.vocab_size, layer, config.n_layer),
             config,
-            activation,
             wte,
             wpe,
             blocks,
@@ -190,19 +191,26 @@ impl CausalLm for Gpt2 {
                     let k = split_heads(qkv.clone().slice_dim(2, h..2 * h), heads);
                     let v = split_heads(qkv.slice_dim(2, 2 * h..3 * h), heads);
                     let mixed = block.attention.forward(q, k, v, call)?;
-                    Ok(block.c_proj.forward(mixed))
+                    project_heads(layer, heads, mixed, &block.c_proj, call)
                 },
-                Some(|hidden| {
-                    let inner = block.c_fc.forward(block.ln_2.forward(hidden));
-                    Ok(block.mlp_proj.forward(self.activation.forward(inner)))
+                Some(|hidden, call: &mut Call<'_>| {
+                    block.mlp.serve(layer, block.ln_2.forward(hidden), call)
                 }),
             )?;
         }
-        Ok(self.unembed(hidden))
+        Ok(hidden)
     }
 
-    fn unembed(&self, hidden: Tensor<3>) -> Tensor<3> {
-        self.lm_head.forward(self.ln_f.forward(hidden))
+    fn final_norm(&self, hidden: Tensor<3>) -> Tensor<3> {
+        self.ln_f.forward(hidden)
+    }
+
+    fn head(&self, normed: Tensor<3>) -> Tensor<3> {
+        self.lm_head.forward(normed)
+    }
+
+    fn final_norm_linearised(&self, reference: Tensor<3>, parts: Tensor<4>) -> Tensor<4> {
+        self.ln_f.linearised(reference, parts)
     }
 }
 

@@ -15,11 +15,11 @@
 use hookscope_core::burn::tensor::Tensor;
 use hookscope_core::config::{AttentionHeads, HeadDim, HeadKeys};
 use hookscope_core::nn::{
-    Activation, Embedding, FusedLayout, LayerNorm, Linear, ProjectedAttention,
+    Activation, Embedding, FusedLayout, LayerNorm, Linear, PlainMlp, ProjectedAttention,
     ProjectedAttentionSpec, QkvWeights, Rope, RopeParameters, RopeRules, Rotary, RotaryFraction,
     parallel_residual_block, residual_block,
 };
-use hookscope_core::schema::LayerSpec;
+use hookscope_core::schema::{FeedForwardKind, LayerSpec};
 use hookscope_core::{
     ArchConfig, Architecture, Call, CausalLm, ModelLayout, Result, Site, WeightLoader,
 };
@@ -103,15 +103,13 @@ struct Block {
     input_norm: LayerNorm,
     attention: ProjectedAttention,
     post_attention_norm: LayerNorm,
-    up: Linear,
-    down: Linear,
+    mlp: PlainMlp,
 }
 
 /// A loaded GPT-NeoX.
 pub struct GptNeox {
     layout: ModelLayout,
     parallel: bool,
-    activation: Activation,
     rotary: Rotary,
     embed_in: Embedding,
     blocks: Vec<Block>,
@@ -157,20 +155,27 @@ impl GptNeox {
                         h,
                         eps,
                     )?,
-                    up: Linear::load_torch(layer.pp("mlp.dense_h_to_4h"), h, inner, true)?,
-                    down: Linear::load_torch(layer.pp("mlp.dense_4h_to_h"), inner, h, true)?,
+                    mlp: PlainMlp::new(
+                        Linear::load_torch(layer.pp("mlp.dense_h_to_4h"), h, inner, true)?,
+                        Linear::load_torch(layer.pp("mlp.dense_4h_to_h"), inner, h, true)?,
+                        activation,
+                    ),
                 })
             })
             .collect::<Result<_>>()?;
         let final_norm = LayerNorm::load(gpt_neox.pp("final_layer_norm"), h, eps)?;
         let tied = config.tie_word_embeddings;
         let embed_out = Linear::head(loader.pp("embed_out"), &embed_in, tied)?;
-        let layer = LayerSpec::attention(heads.heads, heads.kv_heads, heads.head_dim);
+        let feed_forward = FeedForwardKind::Plain { inner };
+        let layer = LayerSpec::attention(heads.heads, heads.kv_heads, heads.head_dim, feed_forward);
+        let layer = match config.use_parallel_residual {
+            true => layer.parallel(),
+            false => layer,
+        };
         Ok(GptNeox {
             layout: ModelLayout::uniform(h, config.vocab_size, layer, config.num_hidden_layers),
             parallel: config.use_parallel_residual,
             rotary,
-            activation,
             embed_in,
             blocks,
             final_norm,
@@ -193,20 +198,28 @@ impl CausalLm for GptNeox {
                 let x = block.input_norm.forward(hidden);
                 block.attention.forward(x, &cos_sin, call)
             };
-            let mlp = |x: Tensor<3>| {
-                let inner = block.up.forward(block.post_attention_norm.forward(x));
-                Ok(block.down.forward(self.activation.forward(inner)))
+            let mlp = |x: Tensor<3>, call: &mut Call<'_>| {
+                let x = block.post_attention_norm.forward(x);
+                block.mlp.serve(layer, x, call)
             };
             hidden = match self.parallel {
                 true => parallel_residual_block(layer, hidden, call, mixer, mlp)?,
                 false => residual_block(layer, hidden, call, mixer, Some(mlp))?,
             };
         }
-        Ok(self.unembed(hidden))
+        Ok(hidden)
     }
 
-    fn unembed(&self, hidden: Tensor<3>) -> Tensor<3> {
-        self.embed_out.forward(self.final_norm.forward(hidden))
+    fn final_norm(&self, hidden: Tensor<3>) -> Tensor<3> {
+        self.final_norm.forward(hidden)
+    }
+
+    fn head(&self, normed: Tensor<3>) -> Tensor<3> {
+        self.embed_out.forward(normed)
+    }
+
+    fn final_norm_linearised(&self, reference: Tensor<3>, parts: Tensor<4>) -> Tensor<4> {
+        self.final_norm.linearised(reference, parts)
     }
 }
 

@@ -16,7 +16,7 @@ use hookscope_core::nn::{
     Activation, CausalConv1d, Embedding, Linear, Recurrence, RecurrentSites, RmsNorm, ScanInputs,
     residual_block, selective_readout, selective_scan, selective_step, silu,
 };
-use hookscope_core::schema::{LayerSpec, MixerKind, MixerNamespace};
+use hookscope_core::schema::{FeedForwardKind, LayerSpec, MixerKind, MixerNamespace};
 use hookscope_core::{
     ArchConfig, Architecture, Call, CausalLm, MixerSite, ModelLayout, Result, Site, WeightLoader,
 };
@@ -170,10 +170,10 @@ impl Mamba {
         let norm_f = RmsNorm::load(backbone.pp("norm_f"), h, eps)?;
         let tied = config.tie_word_embeddings && !loader.contains("lm_head.weight");
         let lm_head = Linear::head(loader.pp("lm_head"), &embeddings, tied)?;
-        let layer = LayerSpec {
-            mixer: MixerKind::Mamba1 { inner: e, state: n },
-            has_mlp: false,
-        };
+        let layer = LayerSpec::new(
+            MixerKind::Mamba1 { inner: e, state: n },
+            FeedForwardKind::None,
+        );
         Ok(Mamba {
             layout: ModelLayout::uniform(h, config.vocab_size, layer, config.num_hidden_layers),
             activation,
@@ -290,14 +290,22 @@ impl CausalLm for Mamba {
                     let x = block.norm.forward(hidden);
                     self.mix(layer, &block.mixer, x, call)
                 },
-                None::<fn(Tensor<3>) -> Result<Tensor<3>>>,
+                None::<fn(Tensor<3>, &mut Call<'_>) -> Result<Tensor<3>>>,
             )?;
         }
-        Ok(self.unembed(hidden))
+        Ok(hidden)
     }
 
-    fn unembed(&self, hidden: Tensor<3>) -> Tensor<3> {
-        self.lm_head.forward(self.norm_f.forward(hidden))
+    fn final_norm(&self, hidden: Tensor<3>) -> Tensor<3> {
+        self.norm_f.forward(hidden)
+    }
+
+    fn head(&self, normed: Tensor<3>) -> Tensor<3> {
+        self.lm_head.forward(normed)
+    }
+
+    fn final_norm_linearised(&self, reference: Tensor<3>, parts: Tensor<4>) -> Tensor<4> {
+        self.norm_f.linearised(reference, parts)
     }
 }
 

@@ -5,7 +5,7 @@
 use hookscope_core::burn::tensor::Tensor;
 use hookscope_core::config::ConfigFloat;
 use hookscope_core::nn::{Activation, Embedding, Linear, Mixer, RmsNorm, residual_block};
-use hookscope_core::schema::LayerSpec;
+use hookscope_core::schema::{FeedForwardKind, LayerSpec};
 use hookscope_core::{ArchConfig, Call, CausalLm, ModelLayout, Result, Site, WeightLoader};
 use serde::Deserialize;
 
@@ -146,10 +146,7 @@ impl Mamba2 {
         let norm_f = RmsNorm::load(backbone.pp("norm_f"), h, eps)?;
         let tied = config.tie_word_embeddings && !loader.contains("lm_head.weight");
         let lm_head = Linear::head(loader.pp("lm_head"), &embeddings, tied)?;
-        let layer = LayerSpec {
-            mixer: spec.kind(),
-            has_mlp: false,
-        };
+        let layer = LayerSpec::new(spec.kind(), FeedForwardKind::None);
         Ok(Mamba2 {
             layout: ModelLayout::uniform(h, config.vocab_size, layer, config.num_hidden_layers),
             embeddings,
@@ -174,13 +171,21 @@ impl CausalLm for Mamba2 {
                 hidden,
                 call,
                 |hidden, call| block.mixer.mix(block.norm.forward(hidden), call),
-                None::<fn(Tensor<3>) -> Result<Tensor<3>>>,
+                None::<fn(Tensor<3>, &mut Call<'_>) -> Result<Tensor<3>>>,
             )?;
         }
-        Ok(self.unembed(hidden))
+        Ok(hidden)
     }
 
-    fn unembed(&self, hidden: Tensor<3>) -> Tensor<3> {
-        self.lm_head.forward(self.norm_f.forward(hidden))
+    fn final_norm(&self, hidden: Tensor<3>) -> Tensor<3> {
+        self.norm_f.forward(hidden)
+    }
+
+    fn head(&self, normed: Tensor<3>) -> Tensor<3> {
+        self.lm_head.forward(normed)
+    }
+
+    fn final_norm_linearised(&self, reference: Tensor<3>, parts: Tensor<4>) -> Tensor<4> {
+        self.norm_f.linearised(reference, parts)
     }
 }

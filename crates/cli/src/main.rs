@@ -2,6 +2,7 @@
 
 mod attention;
 mod bench;
+mod dla;
 mod extract;
 mod features;
 mod interrupt;
@@ -57,6 +58,10 @@ enum Command {
     /// layer and position.
     #[command(after_help = GLOSSARY)]
     Lens(lens::LensArgs),
+    /// Direct logit attribution: the last position's logit of a token (or a difference of two)
+    /// split into the embeddings, every head and MLP, and the biases.
+    #[command(after_help = GLOSSARY)]
+    Dla(dla::DlaArgs),
     /// Activation patching: for every matched site and position, run the corrupt prompt with
     /// that value from the clean run; the metric from 0 (corrupt) to 1 (clean).
     #[command(after_help = GLOSSARY)]
@@ -118,6 +123,7 @@ fn main() -> ExitCode {
         Command::Extract(args) => extract::extract(&args).map(|()| ExitCode::SUCCESS),
         Command::Lens(args) => lens::lens(&args).map(|()| ExitCode::SUCCESS),
         Command::Patch(args) => patch::patch(&args).map(|()| ExitCode::SUCCESS),
+        Command::Dla(args) => dla::dla(&args).map(|()| ExitCode::SUCCESS),
         Command::Features(args) => features::features(&args).map(|()| ExitCode::SUCCESS),
         Command::Attention(args) => attention::attention(&args).map(|()| ExitCode::SUCCESS),
         Command::Sites(args) => sites::sites(&args).map(|()| ExitCode::SUCCESS),

@@ -40,13 +40,28 @@ pub trait CausalLm: Send + Sync {
         false
     }
 
-    /// One call: the final hidden states through the language-model head, `[B, T, V]`.
+    /// One call: serves every site from `token_embeddings` to the last `layer_output` and
+    /// returns the residual stream leaving the last block, `[B, T, H]`.
     fn forward(&self, call: &mut Call<'_>) -> Result<Tensor<3>>;
 
-    /// A residual stream `[B, T, H]` through the final norm and the language-model head,
-    /// `[B, T, V]`: what [`CausalLm::forward`] applies after the last layer. The logit lens
-    /// applies it to every layer's output.
-    fn unembed(&self, hidden: Tensor<3>) -> Tensor<3>;
+    /// The final norm on a residual stream `[B, T, H]` (the engine serves its output as
+    /// `final_norm_output`; the logit lens applies it to every layer's output).
+    fn final_norm(&self, hidden: Tensor<3>) -> Tensor<3>;
+
+    /// The language-model head on the final norm's output `[B, T, H]`: logits `[B, T, V]`,
+    /// before any soft-cap.
+    fn head(&self, normed: Tensor<3>) -> Tensor<3>;
+
+    /// The cap of a final logit soft-cap, `cap · tanh(logits / cap)` (Gemma 2), if the model
+    /// has one; the engine applies it after [`CausalLm::head`]. None by default.
+    fn logit_softcap(&self) -> Option<f64> {
+        None
+    }
+
+    /// The final norm of `reference` `[B, T, H]` applied to `parts` `[B, T, N, H]` with
+    /// `reference`'s scale frozen and without the norm's bias: a linear map under which the
+    /// parts of a residual stream sum to its norm less the bias (direct logit attribution).
+    fn final_norm_linearised(&self, reference: Tensor<3>, parts: Tensor<4>) -> Tensor<4>;
 }
 
 /// Builds an adapter's model from its config and weights.

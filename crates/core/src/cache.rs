@@ -198,7 +198,7 @@ impl ModelCache {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::schema::LayerSpec;
+    use crate::schema::{FeedForwardKind, LayerSpec};
 
     #[test]
     fn appends_grow_the_buffers_by_a_factor_and_earlier_views_keep_their_values() {
@@ -245,11 +245,12 @@ mod tests {
 
     #[test]
     fn state_is_typed_by_the_declared_mixer() {
-        let mamba = LayerSpec {
-            mixer: MixerKind::Mamba1 { inner: 4, state: 2 },
-            has_mlp: false,
-        };
-        let layout = ModelLayout::new(2, 3, vec![LayerSpec::attention(1, 1, 2), mamba]);
+        let mamba = LayerSpec::new(
+            MixerKind::Mamba1 { inner: 4, state: 2 },
+            FeedForwardKind::None,
+        );
+        let attention = LayerSpec::attention(1, 1, 2, FeedForwardKind::Gated { inner: 4 });
+        let layout = ModelLayout::new(2, 3, vec![attention, mamba]);
         let mut cache = ModelCache::for_layout(&layout);
         assert!(cache.layer::<KvCache>(0).is_ok());
         assert!(cache.layer::<RecurrentState<3>>(1).is_ok());

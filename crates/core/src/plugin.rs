@@ -21,11 +21,11 @@ use crate::error::{Error, Result};
 use crate::registry;
 
 /// Version of the hook schema (site names, shapes, order) this build implements.
-pub const SCHEMA_VERSION: u32 = 1;
+pub const SCHEMA_VERSION: u32 = 2;
 
 /// Version of the adapter interface ([`crate::CausalLm`], [`Architecture`], the per-call
 /// context): bumped whenever a plugin built against the previous one would not fit.
-pub const ADAPTER_VERSION: u32 = 6;
+pub const ADAPTER_VERSION: u32 = 7;
 
 /// Symbol returning the plugin's fingerprint as a NUL-terminated C string.
 pub const FINGERPRINT_SYMBOL: &[u8] = b"hookscope_plugin_fingerprint\0";
@@ -178,10 +178,11 @@ mod tests {
     #[test]
     fn mismatches_name_the_differing_fields() {
         let host = abi_fingerprint();
-        let plugin = host.replace("schema=1", "schema=2");
+        let ours = format!("schema={SCHEMA_VERSION}");
+        let plugin = host.replace(&ours, "schema=99");
         let message = fingerprint_mismatch(&plugin, &host);
         assert!(
-            message.contains("schema: plugin `2`, host `1`"),
+            message.contains(&format!("schema: plugin `99`, host `{SCHEMA_VERSION}`")),
             "{message}"
         );
     }

@@ -95,6 +95,24 @@ impl PyModel {
         ))
     }
 
+    /// A token given as an id or as text that is one token; `what` names the argument.
+    fn token(&self, token: &Bound<'_, PyAny>, what: &str) -> PyResult<u32> {
+        if let Ok(id) = token.extract::<u32>() {
+            return Ok(id);
+        }
+        let text: String = token.extract().map_err(|_| {
+            InputError::new_err(format!("{what}: a token id or a one-token string"))
+        })?;
+        let ids = self.encode(&text)?;
+        match ids.as_slice() {
+            [id] => Ok(*id),
+            _ => Err(InputError::new_err(format!(
+                "{what}: {text:?} is {} tokens, not one",
+                ids.len()
+            ))),
+        }
+    }
+
     /// The batch and requests of a call; a request without `@STEPS` binds to step 0 of a trace
     /// and to every step of a generation.
     fn prepare(
@@ -404,6 +422,54 @@ impl PyModel {
             InputError::new_err("this model has no tokenizer.json: pass token ids")
         })?;
         tokenizer.encode(text).py()
+    }
+
+    /// Direct logit attribution of `prompt`'s last position: the logit of `target` (less that
+    /// of `vs`), tokens as ids or one-token strings, split into `embeddings`, per layer its
+    /// `mixer` (with `heads` and `mixer_rest` where it is softmax attention) and `mlp`, and the
+    /// `final_norm_bias` and `head_bias`; they sum to `logit` (before any final soft-cap).
+    #[pyo3(signature = (prompt, target, *, vs = None))]
+    fn dla<'py>(
+        &self,
+        py: Python<'py>,
+        prompt: &Bound<'py, PyAny>,
+        target: &Bound<'py, PyAny>,
+        vs: Option<&Bound<'py, PyAny>>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let batch = self.batch(prompt)?;
+        let target = self.token(target, "target")?;
+        let versus = vs.map(|token| self.token(token, "vs")).transpose()?;
+        let attribution = py
+            .detach(|| {
+                hookscope::analysis::logit_attribution(
+                    &self.model,
+                    &batch,
+                    target,
+                    versus,
+                    &Interventions::new(),
+                )
+            })
+            .py()?;
+        let report = PyDict::new(py);
+        report.set_item("target", attribution.target)?;
+        report.set_item("vs", attribution.versus)?;
+        report.set_item("logit", attribution.logit)?;
+        report.set_item("embeddings", attribution.embeddings)?;
+        let layers = PyList::empty(py);
+        for layer in &attribution.layers {
+            let row = PyDict::new(py);
+            row.set_item("layer", layer.layer)?;
+            row.set_item("mixer", layer.mixer.total)?;
+            row.set_item("heads", layer.mixer.heads.clone())?;
+            row.set_item("mixer_rest", layer.mixer.rest)?;
+            row.set_item("mlp", layer.mlp)?;
+            layers.append(row)?;
+        }
+        report.set_item("layers", layers)?;
+        report.set_item("final_norm_bias", attribution.final_norm_bias)?;
+        report.set_item("head_bias", attribution.head_bias)?;
+        report.set_item("sum", attribution.sum())?;
+        Ok(report)
     }
 
     /// The text of token ids.

@@ -234,3 +234,35 @@ def test_an_exception_in_on_step_stops_the_generation(default):
 
     with pytest.raises(ValueError, match="stop here"):
         default.generate("And", max_new_tokens=5, greedy=True, on_step=fail_at_step_1)
+
+
+def test_dla_matches_a_decomposition_of_the_transformers_reference():
+    """On the GPT-2 fixture, every part's attribution equals the part (as transformers computed
+    it: head writes, MLP outputs, the embeddings) through ln_f with the run's standard
+    deviation frozen and the tied head's rows; the parts and biases sum to the logit."""
+    directory = FIXTURES / "gpt2-tied"
+    model = hookscope.Model(str(directory))
+    prompt = json.loads((directory / "reference.json").read_text())["prompts"][0]
+    reference = load_file(str(directory / "reference.safetensors"))
+    weights = load_file(str(directory / "model.safetensors"))
+    target, vs = 5, 17
+    got = model.dla([prompt], target, vs=vs)
+    at = lambda site: reference[f"prompt0/{site}@0"][0, -1]
+    residual = at("layers.2.layer_output")
+    scale = np.sqrt(residual.var() + 1e-5)
+    unembed = weights["transformer.wte.weight"][target] - weights["transformer.wte.weight"][vs]
+    weight = weights["transformer.ln_f.weight"]
+    through = lambda part: float(unembed @ (weight * (part - part.mean()) / scale))
+    assert got["embeddings"] == pytest.approx(through(at("layers.0.layer_input")), abs=1e-4)
+    for layer in got["layers"]:
+        i = layer["layer"]
+        heads = at(f"layers.{i}.self_attn.attention_head_writes")
+        assert layer["heads"] == pytest.approx([through(h) for h in heads], abs=1e-4)
+        assert layer["mlp"] == pytest.approx(through(at(f"layers.{i}.mlp_output")), abs=1e-4)
+    bias = float(unembed @ weights["transformer.ln_f.bias"])
+    assert got["final_norm_bias"] == pytest.approx(bias, abs=1e-4)
+    logits = reference["prompt0/logits@0"][0, -1]
+    assert got["logit"] == pytest.approx(float(logits[target] - logits[vs]), abs=1e-4)
+    assert got["sum"] == pytest.approx(got["logit"], abs=1e-4)
+    with pytest.raises(hookscope.InputError, match="one-token string"):
+        model.dla([prompt], 1.5)

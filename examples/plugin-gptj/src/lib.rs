@@ -18,10 +18,10 @@ use std::cell::OnceCell;
 use hookscope_core::burn::tensor::Tensor;
 use hookscope_core::config::{AttentionHeads, HeadDim, HeadKeys};
 use hookscope_core::nn::{
-    Activation, Embedding, LayerNorm, Linear, RopeScaling, Rotary, ScoreRules, SoftmaxAttention,
-    parallel_residual_block,
+    Activation, Embedding, LayerNorm, Linear, PlainMlp, RopeScaling, Rotary, ScoreRules,
+    SoftmaxAttention, parallel_residual_block, project_heads,
 };
-use hookscope_core::schema::LayerSpec;
+use hookscope_core::schema::{FeedForwardKind, LayerSpec};
 use hookscope_core::{ArchConfig, Call, CausalLm, ModelLayout, Result, Site, WeightLoader};
 use serde::Deserialize;
 
@@ -74,14 +74,12 @@ struct Block {
     v_proj: Linear,
     out_proj: Linear,
     attention: SoftmaxAttention,
-    fc_in: Linear,
-    fc_out: Linear,
+    mlp: PlainMlp,
 }
 
 /// A loaded GPT-J.
 pub struct GptJ {
     layout: ModelLayout,
-    activation: Activation,
     rotary: Rotary,
     wte: Embedding,
     blocks: Vec<Block>,
@@ -135,17 +133,20 @@ impl GptJ {
                     out_proj: projection("out_proj")?,
                     norm: LayerNorm::load(block.pp("ln_1"), h, eps)?,
                     attention: SoftmaxAttention::new(i, heads, ScoreRules::default()),
-                    fc_in: Linear::load_torch(block.pp("mlp.fc_in"), h, inner, true)?,
-                    fc_out: Linear::load_torch(block.pp("mlp.fc_out"), inner, h, true)?,
+                    mlp: PlainMlp::new(
+                        Linear::load_torch(block.pp("mlp.fc_in"), h, inner, true)?,
+                        Linear::load_torch(block.pp("mlp.fc_out"), inner, h, true)?,
+                        activation,
+                    ),
                 })
             })
             .collect::<Result<_>>()?;
         let ln_f = LayerNorm::load(transformer.pp("ln_f"), h, eps)?;
         let lm_head = Linear::load_torch(loader.pp("lm_head"), h, config.vocab_size, true)?;
-        let layer = LayerSpec::attention(heads.heads, heads.heads, heads.head_dim);
+        let feed_forward = FeedForwardKind::Plain { inner };
+        let layer = LayerSpec::attention(heads.heads, heads.heads, heads.head_dim, feed_forward);
         Ok(GptJ {
-            layout: ModelLayout::uniform(h, config.vocab_size, layer, config.n_layer),
-            activation,
+            layout: ModelLayout::uniform(h, config.vocab_size, layer.parallel(), config.n_layer),
             rotary: Rotary::new(rotary_dim, THETA, RopeScaling::Default),
             wte,
             blocks,
@@ -191,19 +192,25 @@ impl CausalLm for GptJ {
                 );
                 let v = per_head(block.v_proj.forward(x));
                 let mixed = block.attention.forward(q, k, v, call)?;
-                Ok(block.out_proj.forward(mixed))
+                project_heads(layer, heads, mixed, &block.out_proj, call)
             };
-            let mlp = |hidden: Tensor<3>| {
-                let inner = block.fc_in.forward(norm(hidden));
-                Ok(block.fc_out.forward(self.activation.forward(inner)))
-            };
+            let mlp =
+                |hidden: Tensor<3>, call: &mut Call<'_>| block.mlp.serve(layer, norm(hidden), call);
             hidden = parallel_residual_block(layer, hidden, call, mixer, mlp)?;
         }
-        Ok(self.unembed(hidden))
+        Ok(hidden)
     }
 
-    fn unembed(&self, hidden: Tensor<3>) -> Tensor<3> {
-        self.lm_head.forward(self.ln_f.forward(hidden))
+    fn final_norm(&self, hidden: Tensor<3>) -> Tensor<3> {
+        self.ln_f.forward(hidden)
+    }
+
+    fn head(&self, normed: Tensor<3>) -> Tensor<3> {
+        self.lm_head.forward(normed)
+    }
+
+    fn final_norm_linearised(&self, reference: Tensor<3>, parts: Tensor<4>) -> Tensor<4> {
+        self.ln_f.linearised(reference, parts)
     }
 }
 

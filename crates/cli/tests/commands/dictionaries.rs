@@ -132,8 +132,11 @@ fn sites_lists_the_dictionary_sites_and_bad_dictionaries_are_named() {
         (llama.display().to_string(), "`d_in` is 32"),
         ("/no/such/dictionary".to_string(), "no such file or folder"),
         (
-            format!("blocks.1.hook_resid_mid={}", dictionary("resid-standard")),
-            "does not serve",
+            format!(
+                "blocks.1.ln2.hook_normalized={}",
+                dictionary("resid-standard")
+            ),
+            "weight and bias",
         ),
     ] {
         let output = hookscope(&["run", &model, "--prompt", "A", "--sae", &sae]);

@@ -254,3 +254,89 @@ fn the_patching_sweep_restores_the_clean_run_at_the_last_layers_last_position() 
         assert!(error.contains(needle), "{metric}: {error}");
     }
 }
+
+/// `hookscope dla`: the parts and biases sum to the reported logit difference, which is the
+/// run's own; the heads of each layer and the rest sum to its mixer's part; the JSON names
+/// every layer, the heatmap is written, and a multi-token target is refused.
+#[test]
+fn direct_logit_attribution_sums_to_the_runs_logit_difference() {
+    let dir = tempfile::tempdir().unwrap();
+    let png = dir.path().join("dla.png");
+    let model = model();
+    let prompt = "The Eiffel Tower is in the city of";
+    let report = json(&hookscope(&[
+        "dla",
+        &model,
+        "--prompt",
+        prompt,
+        "--target",
+        " Paris",
+        "--vs",
+        " the",
+        "--json",
+        "--png",
+        png.to_str().unwrap(),
+    ]));
+    let number = |v: &Value| v.as_f64().unwrap();
+    let layers = report["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 2);
+    let mut sum = number(&report["embeddings"])
+        + number(&report["final_norm_bias"])
+        + number(&report["head_bias"]);
+    for layer in layers {
+        let heads: f64 = layer["heads"].as_array().unwrap().iter().map(number).sum();
+        assert_eq!(layer["heads"].as_array().unwrap().len(), 4);
+        let mixer = number(&layer["mixer"]);
+        assert!((heads + number(&layer["mixer_rest"]) - mixer).abs() < 1e-4);
+        sum += mixer + number(&layer["mlp"]);
+    }
+    let logit = number(&report["logit"]);
+    assert!((sum - logit).abs() < 1e-4, "{sum} vs {logit}");
+    assert!((number(&report["sum"]) - logit).abs() < 1e-4);
+    // The logit difference is the run's: the same two logits from `run`'s saved logits.
+    let logits = dir.path().join("logits.safetensors");
+    let run = hookscope(&[
+        "run",
+        &model,
+        "--prompt",
+        prompt,
+        "--save",
+        "logits[:, -1]",
+        "--out",
+        logits.to_str().unwrap(),
+    ]);
+    assert!(
+        run.status.success(),
+        "{}",
+        String::from_utf8_lossy(&run.stderr)
+    );
+    let bytes = std::fs::read(&logits).unwrap();
+    let file = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let row = file.tensor("logits[:, -1]@0").unwrap();
+    let values: Vec<f32> = row
+        .data()
+        .chunks(4)
+        .map(|b| f32::from_le_bytes(b.try_into().unwrap()))
+        .collect();
+    let (target, versus) = (
+        report["target"].as_u64().unwrap() as usize,
+        report["versus"].as_u64().unwrap() as usize,
+    );
+    assert!((f64::from(values[target] - values[versus]) - logit).abs() < 1e-4);
+    assert!(std::fs::read(&png).unwrap().starts_with(b"\x89PNG"));
+    let table = hookscope(&["dla", &model, "--prompt", prompt, "--target", " Paris"]);
+    let text = String::from_utf8_lossy(&table.stdout);
+    assert!(
+        text.contains("layers.1 mlp") && text.contains("head 3"),
+        "{text}"
+    );
+    let refused = hookscope(&[
+        "dla",
+        &model,
+        "--prompt",
+        prompt,
+        "--target",
+        " Parisian city",
+    ]);
+    assert!(failure(&refused).contains("not one"));
+}

@@ -1,7 +1,7 @@
 //! The sites dictionaries name in their configs: TransformerLens hook names (what SAELens and
 //! circuit-tracer write) and hookscope's own site names.
 
-use crate::schema::{LayerSite, MixerNamespace, MixerSite, Site};
+use crate::schema::{LayerSite, MixerNamespace, MixerSite, MlpSite, Site};
 
 /// The hookscope site a dictionary's hook name stands for, or why it has none.
 pub fn site_of_hook(name: &str) -> Result<Site, String> {
@@ -11,7 +11,9 @@ pub fn site_of_hook(name: &str) -> Result<Site, String> {
     let unknown = || {
         format!(
             "`{name}` is neither a hookscope site nor a TransformerLens hook hookscope serves \
-             (blocks.L.hook_resid_pre, hook_resid_post, hook_attn_out, hook_mlp_out, attn.hook_z)"
+             (blocks.L.hook_resid_pre, hook_resid_mid, hook_mlp_in, hook_resid_post, \
+             hook_attn_out, hook_mlp_out, attn.hook_z, attn.hook_result, mlp.hook_pre, \
+             mlp.hook_pre_linear, mlp.hook_post)"
         )
     };
     let rest = name.strip_prefix("blocks.").ok_or_else(unknown)?;
@@ -25,18 +27,23 @@ pub fn site_of_hook(name: &str) -> Result<Site, String> {
         "hook_resid_post" => LayerSite::LayerOutput,
         "hook_attn_out" => LayerSite::AttentionOutput,
         "hook_mlp_out" => LayerSite::MlpOutput,
+        // TransformerLens' `hook_mlp_in` is the residual the MLP branch reads before `ln2`.
+        "hook_resid_mid" | "hook_mlp_in" => LayerSite::ResidualMid,
         "attn.hook_z" => {
             LayerSite::Mixer(MixerNamespace::SelfAttn, MixerSite::AttentionHeadOutputs)
         }
-        "hook_resid_mid"
-        | "ln2.hook_normalized"
-        | "hook_mlp_in"
-        | "mlp.hook_post"
-        | "mlp.hook_pre"
-        | "attn.hook_result" => {
+        "attn.hook_result" => {
+            LayerSite::Mixer(MixerNamespace::SelfAttn, MixerSite::AttentionHeadWrites)
+        }
+        "mlp.hook_pre" => LayerSite::Mlp(MlpSite::PreActivation),
+        "mlp.hook_pre_linear" => LayerSite::Mlp(MlpSite::UpProjection),
+        "mlp.hook_post" => LayerSite::Mlp(MlpSite::PostActivation),
+        "ln2.hook_normalized" => {
             return Err(format!(
-                "`{name}` names a value hookscope does not serve as a site yet (the mid-block \
-                 residual, the MLP's input and neurons, and per-head writes are planned)"
+                "`{name}` is `ln2`'s output before its weight and bias (TransformerLens folds \
+                 them into the MLP's weights), a value an unfolded model never holds; a \
+                 dictionary trained on it reads `layers.L.mlp_input` only where the norm has no \
+                 weight and bias: name that site to attach it there"
             ));
         }
         _ => return Err(unknown()),
@@ -59,6 +66,15 @@ mod tests {
                 "blocks.5.attn.hook_z",
                 "layers.5.self_attn.attention_head_outputs",
             ),
+            ("blocks.4.hook_resid_mid", "layers.4.residual_mid"),
+            ("blocks.4.hook_mlp_in", "layers.4.residual_mid"),
+            ("blocks.4.mlp.hook_pre", "layers.4.mlp.pre_activation"),
+            ("blocks.4.mlp.hook_pre_linear", "layers.4.mlp.up_projection"),
+            ("blocks.4.mlp.hook_post", "layers.4.mlp.post_activation"),
+            (
+                "blocks.5.attn.hook_result",
+                "layers.5.self_attn.attention_head_writes",
+            ),
             ("layers.2.layer_output", "layers.2.layer_output"),
         ] {
             assert_eq!(site_of_hook(hook).unwrap().to_string(), site, "{hook}");
@@ -75,9 +91,9 @@ mod tests {
             );
         }
         assert!(
-            site_of_hook("blocks.1.hook_resid_mid")
+            site_of_hook("blocks.1.ln2.hook_normalized")
                 .unwrap_err()
-                .contains("not serve")
+                .contains("mlp_input")
         );
     }
 }

@@ -395,6 +395,6 @@ impl ProjectedAttention {
             Some(gate) => mixed * super::sigmoid(gate),
             None => mixed,
         };
-        Ok(self.o_proj.forward(mixed))
+        super::project_heads(attention.layer, heads, mixed, &self.o_proj, call)
     }
 }

@@ -15,7 +15,7 @@ use crate::adapter::CausalLm;
 use crate::call::Call;
 use crate::error::Result;
 use crate::nn::residual_block;
-use crate::schema::{LayerSpec, MixerKind, ModelLayout, Site};
+use crate::schema::{FeedForwardKind, LayerSpec, MixerKind, ModelLayout, Site};
 
 /// A sequence mixer that serves its own interior sites (Mamba-2, Gated DeltaNet, ...).
 pub trait Mixer: Send + Sync {
@@ -41,19 +41,31 @@ impl Mixer for NoOtherMixer {
 
 /// A layer's feed-forward part.
 pub trait FeedForward: Send + Sync {
-    /// The part on normalised `x` `[B, T, H]`.
-    fn feed_forward(&self, x: Tensor<3>) -> Result<Tensor<3>>;
+    /// The part's kind, as a layout declares it.
+    fn kind(&self) -> FeedForwardKind;
+
+    /// The part of layer `layer` on normalised `x` `[B, T, H]`, serving `mlp_input` and its
+    /// interior sites.
+    fn serve(&self, layer: usize, x: Tensor<3>, call: &mut Call<'_>) -> Result<Tensor<3>>;
 }
 
 impl FeedForward for GatedMlp {
-    fn feed_forward(&self, x: Tensor<3>) -> Result<Tensor<3>> {
-        Ok(self.forward(x))
+    fn kind(&self) -> FeedForwardKind {
+        GatedMlp::kind(self)
+    }
+
+    fn serve(&self, layer: usize, x: Tensor<3>, call: &mut Call<'_>) -> Result<Tensor<3>> {
+        GatedMlp::serve(self, layer, x, call)
     }
 }
 
 impl FeedForward for SparseMoe {
-    fn feed_forward(&self, x: Tensor<3>) -> Result<Tensor<3>> {
-        self.forward(x)
+    fn kind(&self) -> FeedForwardKind {
+        SparseMoe::kind(self)
+    }
+
+    fn serve(&self, layer: usize, x: Tensor<3>, call: &mut Call<'_>) -> Result<Tensor<3>> {
+        SparseMoe::serve(self, layer, x, call)
     }
 }
 
@@ -67,10 +79,17 @@ pub enum Mlp {
 }
 
 impl FeedForward for Mlp {
-    fn feed_forward(&self, x: Tensor<3>) -> Result<Tensor<3>> {
+    fn kind(&self) -> FeedForwardKind {
         match self {
-            Mlp::Dense(mlp) => mlp.feed_forward(x),
-            Mlp::Sparse(moe) => moe.feed_forward(x),
+            Mlp::Dense(mlp) => mlp.kind(),
+            Mlp::Sparse(moe) => moe.kind(),
+        }
+    }
+
+    fn serve(&self, layer: usize, x: Tensor<3>, call: &mut Call<'_>) -> Result<Tensor<3>> {
+        match self {
+            Mlp::Dense(mlp) => mlp.serve(layer, x, call),
+            Mlp::Sparse(moe) => moe.serve(layer, x, call),
         }
     }
 }
@@ -166,10 +185,7 @@ impl<M: Mixer, F: FeedForward> HybridDecoder<M, F> {
         let layers = parts
             .layers
             .iter()
-            .map(|layer| LayerSpec {
-                mixer: layer.mixer.kind(),
-                has_mlp: true,
-            })
+            .map(|layer| LayerSpec::new(layer.mixer.kind(), layer.feed_forward.kind()))
             .collect();
         HybridDecoder {
             layout: ModelLayout::new(hidden, vocab, layers),
@@ -235,10 +251,9 @@ impl<M: Mixer, F: FeedForward> CausalLm for HybridDecoder<M, F> {
                         None => mixed,
                     })
                 },
-                Some(|hidden| {
-                    let out = layer
-                        .feed_forward
-                        .feed_forward(normed(&layer.post_norm, hidden))?;
+                Some(|hidden, call: &mut Call<'_>| {
+                    let x = normed(&layer.post_norm, hidden);
+                    let out = layer.feed_forward.serve(index, x, call)?;
                     Ok(match norms {
                         Some(norms) => norms.feed_forward.forward(out),
                         None => out,
@@ -246,14 +261,22 @@ impl<M: Mixer, F: FeedForward> CausalLm for HybridDecoder<M, F> {
                 }),
             )?;
         }
-        Ok(self.unembed(hidden))
+        Ok(hidden)
     }
 
-    fn unembed(&self, hidden: Tensor<3>) -> Tensor<3> {
-        let logits = self.parts.lm_head.forward(self.parts.norm.forward(hidden));
-        match self.parts.options.logit_softcap {
-            Some(cap) => super::soft_cap(logits, cap),
-            None => logits,
-        }
+    fn final_norm(&self, hidden: Tensor<3>) -> Tensor<3> {
+        self.parts.norm.forward(hidden)
+    }
+
+    fn head(&self, normed: Tensor<3>) -> Tensor<3> {
+        self.parts.lm_head.forward(normed)
+    }
+
+    fn logit_softcap(&self) -> Option<f64> {
+        self.parts.options.logit_softcap
+    }
+
+    fn final_norm_linearised(&self, reference: Tensor<3>, parts: Tensor<4>) -> Tensor<4> {
+        self.parts.norm.linearised(reference, parts)
     }
 }

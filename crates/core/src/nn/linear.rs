@@ -199,8 +199,39 @@ impl Linear {
         }
     }
 
+    /// The input width.
+    pub fn d_in(&self) -> usize {
+        match &self.weight {
+            Weight::Packed(packed) => packed.d_in(),
+            Weight::Tensor(weight) => weight.dims()[0],
+        }
+    }
+
+    /// The output width.
+    pub fn d_out(&self) -> usize {
+        match &self.weight {
+            Weight::Packed(packed) => packed.d_out(),
+            Weight::Tensor(weight) => weight.dims()[1],
+        }
+    }
+
+    /// The bias, if the map has one.
+    pub fn bias(&self) -> Option<&Tensor<1>> {
+        self.bias.as_ref()
+    }
+
     /// Applies the map to the last axis.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        self.apply(x, self.bias.as_ref())
+    }
+
+    /// Applies the map's matrix alone, without its bias, to the last axis.
+    pub fn forward_without_bias<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        self.apply(x, None)
+    }
+
+    /// `x W (+ bias)` over the last axis.
+    fn apply<const D: usize>(&self, x: Tensor<D>, bias: Option<&Tensor<1>>) -> Tensor<D> {
         let mut dims = x.dims();
         let d_in = dims[D - 1];
         let rows = dims[..D - 1].iter().product::<usize>();
@@ -208,23 +239,23 @@ impl Linear {
         let y = match &self.weight {
             Weight::Packed(packed) => {
                 dims[D - 1] = packed.d_out();
-                cpu::multiply(packed, x, self.bias.as_ref())
+                cpu::multiply(packed, x, bias)
             }
             Weight::Tensor(weight) => {
                 dims[D - 1] = weight.dims()[1];
-                self.burn_forward(x, weight)
+                burn_forward(x, weight, bias)
             }
         };
         y.reshape(dims)
     }
+}
 
-    /// `x W + b` through burn's matmul.
-    fn burn_forward(&self, x: Tensor<2>, weight: &Tensor<2>) -> Tensor<2> {
-        let y = x.matmul(weight.clone());
-        match &self.bias {
-            Some(bias) => y + bias.clone().unsqueeze::<2>(),
-            None => y,
-        }
+/// `x W + b` through burn's matmul.
+fn burn_forward(x: Tensor<2>, weight: &Tensor<2>, bias: Option<&Tensor<1>>) -> Tensor<2> {
+    let y = x.matmul(weight.clone());
+    match bias {
+        Some(bias) => y + bias.clone().unsqueeze::<2>(),
+        None => y,
     }
 }
 

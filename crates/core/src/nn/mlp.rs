@@ -1,10 +1,68 @@
-//! The gated MLP of Llama-style decoders (SwiGLU and its kin): `down(act(gate(x)) * up(x))`.
+//! The MLPs of the decoders, serving their neuron sites: the gated MLP of Llama-style decoders
+//! (SwiGLU and its kin), `down(act(gate(x)) * up(x))`, and the plain one of GPT-2, GPT-NeoX and
+//! GPT-J, `down(act(up(x)))`.
 
 use burn::tensor::Tensor;
 
 use super::{Activation, FusedLayout, Linear};
+use crate::call::Call;
 use crate::error::Result;
+use crate::schema::{FeedForwardKind, LayerSite, MlpSite, Site};
 use crate::weights::WeightScope;
+
+/// Serves `layers.{layer}.mlp_input` with what a feed-forward part reads: the first site every
+/// feed-forward part visits.
+pub(super) fn serve_mlp_input(
+    layer: usize,
+    x: Tensor<3>,
+    call: &mut Call<'_>,
+) -> Result<Tensor<3>> {
+    call.visit(Site::layer(layer, LayerSite::MlpInput), x)
+}
+
+/// `layers.{layer}.mlp.{site}`.
+pub(super) fn mlp_site(layer: usize, site: MlpSite) -> Site {
+    Site::layer(layer, LayerSite::Mlp(site))
+}
+
+/// `down(act(up(x)))` with biases (GPT-2's `c_fc`/`c_proj`, GPT-NeoX's `dense_h_to_4h`/
+/// `dense_4h_to_h`, GPT-J's `fc_in`/`fc_out`).
+#[derive(Debug, Clone)]
+pub struct PlainMlp {
+    up: Linear,
+    down: Linear,
+    activation: Activation,
+}
+
+impl PlainMlp {
+    /// The MLP of its two maps (loaded by the adapter, in its checkpoint's layout).
+    pub fn new(up: Linear, down: Linear, activation: Activation) -> Self {
+        PlainMlp {
+            up,
+            down,
+            activation,
+        }
+    }
+
+    /// The part's kind, for the layout.
+    pub fn kind(&self) -> FeedForwardKind {
+        FeedForwardKind::Plain {
+            inner: self.down.d_in(),
+        }
+    }
+
+    /// The MLP on `x` (`[B, T, H]`, what it reads), serving `mlp_input` and the neuron sites of
+    /// `layer` in contract order.
+    pub fn serve(&self, layer: usize, x: Tensor<3>, call: &mut Call<'_>) -> Result<Tensor<3>> {
+        let x = serve_mlp_input(layer, x, call)?;
+        let pre = call.visit(mlp_site(layer, MlpSite::PreActivation), self.up.forward(x))?;
+        let post = call.visit(
+            mlp_site(layer, MlpSite::PostActivation),
+            self.activation.forward(pre),
+        )?;
+        Ok(self.down.forward(post))
+    }
+}
 
 /// The sizes, biases and activation of a gated MLP.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,7 +145,29 @@ impl GatedMlp {
         })
     }
 
-    /// Applies the MLP to the last axis of `x` (`[B, T, H]`, or `[rows, H]`).
+    /// The part's kind, for the layout.
+    pub fn kind(&self) -> FeedForwardKind {
+        FeedForwardKind::Gated {
+            inner: self.down.d_in(),
+        }
+    }
+
+    /// The MLP on `x` (`[B, T, H]`, what it reads), serving `mlp_input` and the neuron sites of
+    /// `layer` in contract order.
+    pub fn serve(&self, layer: usize, x: Tensor<3>, call: &mut Call<'_>) -> Result<Tensor<3>> {
+        let x = serve_mlp_input(layer, x, call)?;
+        let site = |site| mlp_site(layer, site);
+        let pre = call.visit(site(MlpSite::PreActivation), self.gate.forward(x.clone()))?;
+        let up = call.visit(site(MlpSite::UpProjection), self.up.forward(x))?;
+        let post = call.visit(
+            site(MlpSite::PostActivation),
+            self.activation.forward(pre) * up,
+        )?;
+        Ok(self.down.forward(post))
+    }
+
+    /// Applies the MLP to the last axis of `x` (`[B, T, H]`, or `[rows, H]`), serving no site
+    /// (a mixture's experts).
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let gate = self.activation.forward(self.gate.forward(x.clone()));
         self.down.forward(gate * self.up.forward(x))

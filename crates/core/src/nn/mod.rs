@@ -8,6 +8,7 @@ mod decay;
 mod decoder;
 mod elementwise;
 mod embedding;
+mod head_writes;
 mod linear;
 mod mlp;
 mod moe;
@@ -31,8 +32,9 @@ pub use decoder::{
 };
 pub use elementwise::{exp, sigmoid, silu, soft_cap, softmax_last};
 pub use embedding::Embedding;
+pub use head_writes::project_heads;
 pub use linear::{FusedLayout, Linear};
-pub use mlp::{GatedMlp, GatedMlpSpec};
+pub use mlp::{GatedMlp, GatedMlpSpec, PlainMlp};
 pub use moe::{MoeSpec, SparseMoe, is_sparse_layer};
 pub use norm::{GatedRmsNorm, LayerNorm, RmsNorm};
 pub use recurrent::{Recurrence, RecurrentSites};

@@ -6,8 +6,11 @@
 
 use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorData, activation};
 
+use super::mlp::{mlp_site, serve_mlp_input};
 use super::{Activation, GatedMlp, GatedMlpSpec, Linear};
-use crate::error::Result;
+use crate::call::Call;
+use crate::error::{Error, Result};
+use crate::schema::{FeedForwardKind, MlpSite, Site};
 use crate::weights::WeightScope;
 
 /// The sizes and routing of a mixture-of-experts block.
@@ -133,20 +136,58 @@ impl SparseMoe {
         })
     }
 
-    /// The block on `x` `[B, T, H]`: routed experts plus the gated shared expert.
-    pub fn forward(&self, x: Tensor<3>) -> Result<Tensor<3>> {
+    /// The part's kind, for the layout.
+    pub fn kind(&self) -> FeedForwardKind {
+        FeedForwardKind::Sparse {
+            experts: self.spec.experts,
+            top_k: self.spec.top_k,
+        }
+    }
+
+    /// The block on `x` `[B, T, H]` (what it reads): routed experts plus the gated shared
+    /// expert, serving `mlp_input` and the routing sites of `layer` in contract order. The
+    /// experts run as the served routing says, so a write to the router logits reroutes, and
+    /// written expert indices or weights are used as written.
+    pub fn serve(&self, layer: usize, x: Tensor<3>, call: &mut Call<'_>) -> Result<Tensor<3>> {
+        let x = serve_mlp_input(layer, x, call)?;
         let [batch, tokens, hidden] = x.dims();
         let flat: Tensor<2> = x.reshape([batch * tokens, hidden]);
-        let probabilities = activation::softmax(self.router.forward(flat.clone()), 1)
+        let logits = self.router.forward(flat.clone());
+        let logits = call.visit(
+            mlp_site(layer, MlpSite::RouterLogits),
+            logits.reshape([batch, tokens, self.spec.experts]),
+        )?;
+        let probabilities = activation::softmax(logits, 2)
             .into_data()
             .convert::<f32>()
             .try_into_vec::<f32>()?;
+        let (experts, weights) = self.choose(&probabilities);
+        let device = flat.device();
+        let shape = [batch, tokens, self.spec.top_k];
+        let as_tensor =
+            |values: Vec<f32>| Tensor::<3>::from_data(TensorData::new(values, shape), &device);
+        let indices_site = mlp_site(layer, MlpSite::ExpertIndices);
+        let indices_written = call.writes(indices_site);
+        let indices = call.visit(indices_site, as_tensor(experts.clone()))?;
+        let weights_site = mlp_site(layer, MlpSite::ExpertWeights);
+        let weights_written = call.writes(weights_site);
+        let served_weights = call.visit(weights_site, as_tensor(weights.clone()))?;
+        let experts = match indices_written {
+            true => self.written_experts(indices, indices_site)?,
+            false => experts,
+        };
+        let weights = match weights_written {
+            true => served_weights
+                .into_data()
+                .convert::<f32>()
+                .try_into_vec::<f32>()?,
+            false => weights,
+        };
         let mut output = flat.zeros_like();
-        for (expert, (rows, weights)) in self.routes(&probabilities).into_iter().enumerate() {
+        for (expert, (rows, weights)) in self.routes(&experts, &weights).into_iter().enumerate() {
             if rows.is_empty() {
                 continue;
             }
-            let device = flat.device();
             let count = rows.len();
             let rows: Tensor<1, Int> = Tensor::from_data(TensorData::new(rows, [count]), &device);
             let weights: Tensor<2> =
@@ -161,20 +202,60 @@ impl SparseMoe {
         Ok(output.reshape([batch, tokens, hidden]))
     }
 
-    /// Per expert, the rows routed to it and their weights: each row's top `k` probabilities
-    /// (ties to the lower expert index), renormalised if the block says so.
-    fn routes(&self, probabilities: &[f32]) -> Vec<(Vec<i64>, Vec<f32>)> {
-        let experts = self.spec.experts;
-        let mut routes = vec![(Vec::new(), Vec::new()); experts];
-        for (row, probs) in probabilities.chunks(experts).enumerate() {
+    /// Each row's top `k` experts by probability (ties to the lower expert index), in
+    /// increasing index, as floats, and their weights, renormalised if the block says so:
+    /// `[rows * k]` each.
+    fn choose(&self, probabilities: &[f32]) -> (Vec<f32>, Vec<f32>) {
+        let (experts, top_k) = (self.spec.experts, self.spec.top_k);
+        let rows = probabilities.len() / experts;
+        let (mut chosen, mut weights) = (Vec::with_capacity(rows * top_k), Vec::new());
+        weights.reserve(rows * top_k);
+        for probs in probabilities.chunks(experts) {
             let mut order: Vec<usize> = (0..experts).collect();
             order.sort_by(|a, b| probs[*b].total_cmp(&probs[*a]).then(a.cmp(b)));
-            order.truncate(self.spec.top_k);
+            order.truncate(top_k);
+            // In increasing index: an order no near-tie between chosen experts can flip.
+            order.sort_unstable();
             let total: f32 = order.iter().map(|e| probs[*e]).sum();
             let scale = if self.spec.renormalise { total } else { 1.0 };
             for expert in order {
-                routes[expert].0.push(row as i64);
-                routes[expert].1.push(probs[expert] / scale);
+                chosen.push(expert as f32);
+                weights.push(probs[expert] / scale);
+            }
+        }
+        (chosen, weights)
+    }
+
+    /// Written expert indices, checked: whole numbers below the number of experts.
+    fn written_experts(&self, indices: Tensor<3>, site: Site) -> Result<Vec<f32>> {
+        let values = indices.into_data().convert::<f32>().try_into_vec::<f32>()?;
+        let experts = self.spec.experts;
+        match values
+            .iter()
+            .find(|v| !(v.fract() == 0.0 && **v >= 0.0 && **v < experts as f32))
+        {
+            Some(bad) => Err(Error::Edit {
+                site: site.to_string(),
+                message: format!(
+                    "it was written with {bad}: expert indices must be whole numbers from 0 to {}",
+                    experts - 1
+                ),
+            }),
+            None => Ok(values),
+        }
+    }
+
+    /// Per expert, the rows routed to it and their weights, from each row's `k` chosen experts
+    /// and weights.
+    fn routes(&self, experts: &[f32], weights: &[f32]) -> Vec<(Vec<i64>, Vec<f32>)> {
+        let top_k = self.spec.top_k;
+        let mut routes = vec![(Vec::new(), Vec::new()); self.spec.experts];
+        for (row, (chosen, weights)) in experts.chunks(top_k).zip(weights.chunks(top_k)).enumerate()
+        {
+            for (expert, weight) in chosen.iter().zip(weights) {
+                let route = &mut routes[*expert as usize];
+                route.0.push(row as i64);
+                route.1.push(*weight);
             }
         }
         routes

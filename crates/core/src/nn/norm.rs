@@ -29,6 +29,17 @@ impl LayerNorm {
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         layer_norm(x, self.weight.clone(), Some(self.bias.clone()), self.eps)
     }
+
+    /// The norm of `reference` `[B, T, H]` applied to `parts` `[B, T, N, H]` with the
+    /// reference's standard deviation frozen and without the bias: each part centred, divided
+    /// by the reference's `sqrt(var + eps)`, times the weight (see
+    /// [`crate::adapter::CausalLm::final_norm_linearised`]).
+    pub fn linearised(&self, reference: Tensor<3>, parts: Tensor<4>) -> Tensor<4> {
+        let (variance, _) = reference.var_mean_bias(2);
+        let scale = (variance + self.eps).sqrt().recip().unsqueeze_dim::<4>(2);
+        let centred = parts.clone() - parts.mean_dim(3);
+        centred * scale * self.weight.clone().unsqueeze::<4>()
+    }
 }
 
 /// RMSNorm over the last axis: `x / sqrt(mean(x²) + eps) * weight`.
@@ -62,6 +73,18 @@ impl RmsNorm {
     /// Normalises the last axis.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         rms_normalise(x, self.eps) * self.weight.clone().unsqueeze()
+    }
+
+    /// The norm of `reference` `[B, T, H]` applied to `parts` `[B, T, N, H]` with the
+    /// reference's root mean square frozen (see
+    /// [`crate::adapter::CausalLm::final_norm_linearised`]).
+    pub fn linearised(&self, reference: Tensor<3>, parts: Tensor<4>) -> Tensor<4> {
+        let mean_square = reference.powi_scalar(2).mean_dim(2);
+        let scale = (mean_square + self.eps)
+            .sqrt()
+            .recip()
+            .unsqueeze_dim::<4>(2);
+        parts * scale * self.weight.clone().unsqueeze::<4>()
     }
 }
 

@@ -17,7 +17,7 @@ use crate::decoding::{GenerationConfig, TokenPicker, top_k};
 use crate::error::{Error, Result};
 use crate::hooks::{Hooks, Interventions, ModelView, Observer, Saved};
 use crate::input::Batch;
-use crate::model::Model;
+use crate::model::{Model, capped_logits};
 use crate::schema::Site;
 
 /// What one call feeds: its step, the newest tokens `[B][T]` and the whole context's
@@ -290,8 +290,9 @@ impl RunState<'_> {
             check_ids(&input_ids, layout.vocab)?;
         }
         let mut call = Call::new(input_ids, feed.key_mask, &mut self.cache, hooks);
-        let logits = network.forward(&mut call)?;
-        let logits = call.visit(Site::Logits, logits)?;
+        let hidden = network.forward(&mut call)?;
+        let normed = call.visit(Site::FinalNormOutput, network.final_norm(hidden))?;
+        let logits = call.visit(Site::Logits, capped_logits(network, normed))?;
         let [_, _, vocab] = logits.dims();
         let last: Tensor<2> = logits
             .clone()

@@ -36,6 +36,12 @@ pub enum Dim {
     DV,
     /// Features of an attached dictionary.
     F,
+    /// Neurons of a dense feed-forward part (its inner size).
+    I,
+    /// Experts of a mixture of experts.
+    NE,
+    /// Experts each token is routed to.
+    K,
 }
 
 impl fmt::Display for Dim {

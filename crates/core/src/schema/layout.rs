@@ -1,6 +1,6 @@
 //! A model's declared structure (mixer kind per layer) and the step-order contract derived from it.
 
-use super::site::{DictionaryPart, LayerSite, MixerNamespace, MixerSite, Site};
+use super::site::{DictionaryPart, LayerSite, MixerNamespace, MixerSite, MlpSite, Site};
 
 /// The sequence mixer of one layer, with the dimensions its sites are shaped by.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -95,31 +95,130 @@ impl MixerKind {
     }
 }
 
-/// One block: its mixer and whether it has an MLP.
+/// A block's feed-forward part, with the sizes its sites are shaped by.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FeedForwardKind {
+    /// No feed-forward part (Mamba's blocks): no `mlp_*` sites.
+    None,
+    /// `down(act(up(x)))` (GPT-2's `c_fc`/`c_proj`, GPT-NeoX's, GPT-J's).
+    Plain {
+        /// Neurons (`I`).
+        inner: usize,
+    },
+    /// `down(act(gate(x)) * up(x))` (Llama's SwiGLU and its kin).
+    Gated {
+        /// Neurons (`I`).
+        inner: usize,
+    },
+    /// A mixture of experts (with any shared expert): routing sites, no neuron sites.
+    Sparse {
+        /// Experts (`NE`).
+        experts: usize,
+        /// Experts per token (`K`).
+        top_k: usize,
+    },
+}
+
+impl FeedForwardKind {
+    /// Human-readable name used in listings.
+    pub fn describe(&self) -> &'static str {
+        match self {
+            FeedForwardKind::None => "no",
+            FeedForwardKind::Plain { .. } => "plain MLP",
+            FeedForwardKind::Gated { .. } => "gated MLP",
+            FeedForwardKind::Sparse { .. } => "mixture-of-experts",
+        }
+    }
+
+    /// The part's interior sites (`layers.{i}.mlp.*`) in call order (its table).
+    pub fn interior_sites(&self) -> impl Iterator<Item = MlpSite> + use<> {
+        self.table().iter().map(|row| row.site)
+    }
+
+    /// One part of every kind with sites (sizes zero): what the schema's documentation lists.
+    pub fn every_kind() -> [FeedForwardKind; 3] {
+        // Matching here makes adding a kind without listing it a compile error.
+        let kind = |k: FeedForwardKind| match k {
+            FeedForwardKind::None
+            | FeedForwardKind::Plain { .. }
+            | FeedForwardKind::Gated { .. }
+            | FeedForwardKind::Sparse { .. } => k,
+        };
+        [
+            kind(FeedForwardKind::Plain { inner: 0 }),
+            kind(FeedForwardKind::Gated { inner: 0 }),
+            kind(FeedForwardKind::Sparse {
+                experts: 0,
+                top_k: 0,
+            }),
+        ]
+    }
+}
+
+/// How a block's two parts meet the residual stream.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Residual {
+    /// `h + mixer(h)`, then `+ mlp(...)` of that: the block has a `residual_mid`.
+    Sequential,
+    /// `h + mixer(h) + mlp(h)`, both reading the block's input (GPT-NeoX, GPT-J): no
+    /// `residual_mid`.
+    Parallel,
+}
+
+/// One block: its mixer, its feed-forward part and how they meet the residual stream.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LayerSpec {
     /// The sequence mixer.
     pub mixer: MixerKind,
-    /// Whether the block has an MLP (and so a `mlp_output` site).
-    pub has_mlp: bool,
+    /// The feed-forward part.
+    pub feed_forward: FeedForwardKind,
+    /// Sequential or parallel.
+    pub residual: Residual,
 }
 
 impl LayerSpec {
-    /// A softmax-attention block with an MLP.
-    pub fn attention(heads: usize, kv_heads: usize, head_dim: usize) -> Self {
+    /// A sequential block of this mixer and feed-forward part.
+    pub fn new(mixer: MixerKind, feed_forward: FeedForwardKind) -> Self {
         LayerSpec {
-            mixer: MixerKind::SoftmaxAttention {
-                heads,
-                kv_heads,
-                head_dim,
-            },
-            has_mlp: true,
+            mixer,
+            feed_forward,
+            residual: Residual::Sequential,
         }
+    }
+
+    /// A sequential softmax-attention block with this feed-forward part.
+    pub fn attention(
+        heads: usize,
+        kv_heads: usize,
+        head_dim: usize,
+        feed_forward: FeedForwardKind,
+    ) -> Self {
+        let mixer = MixerKind::SoftmaxAttention {
+            heads,
+            kv_heads,
+            head_dim,
+        };
+        LayerSpec::new(mixer, feed_forward)
+    }
+
+    /// The same block with parallel parts.
+    pub fn parallel(self) -> Self {
+        LayerSpec {
+            residual: Residual::Parallel,
+            ..self
+        }
+    }
+
+    /// Whether the block has a feed-forward part (and so `mlp_input` and `mlp_output`).
+    pub fn has_mlp(&self) -> bool {
+        self.feed_forward != FeedForwardKind::None
     }
 
     /// The block's sites, in call order.
     pub fn sites(&self) -> impl Iterator<Item = LayerSite> + '_ {
         let namespace = self.mixer.namespace();
+        let has_mlp = self.has_mlp();
+        let mid = has_mlp && self.residual == Residual::Sequential;
         std::iter::once(LayerSite::LayerInput)
             .chain(
                 self.mixer
@@ -127,7 +226,10 @@ impl LayerSpec {
                     .map(move |site| LayerSite::Mixer(namespace, site)),
             )
             .chain(std::iter::once(LayerSite::AttentionOutput))
-            .chain(self.has_mlp.then_some(LayerSite::MlpOutput))
+            .chain(mid.then_some(LayerSite::ResidualMid))
+            .chain(has_mlp.then_some(LayerSite::MlpInput))
+            .chain(self.feed_forward.interior_sites().map(LayerSite::Mlp))
+            .chain(has_mlp.then_some(LayerSite::MlpOutput))
             .chain(std::iter::once(LayerSite::LayerOutput))
     }
 
@@ -164,8 +266,13 @@ pub struct ModelLayout {
     pub dictionaries: Vec<DictionaryPlacement>,
 }
 
-/// Number of per-layer slots in the dense site index (4 block sites + every mixer site).
-const SLOTS_PER_LAYER: usize = 4 + MixerSite::ALL.len();
+/// Number of per-layer slots in the dense site index (6 block sites + every mixer and
+/// feed-forward site).
+const SLOTS_PER_LAYER: usize = 6 + MixerSite::ALL.len() + MlpSite::ALL.len();
+
+/// Number of slots outside the blocks (`input_ids`, `token_embeddings`, `final_norm_output`,
+/// `logits`, `next_token_probs`).
+const OUTER_SLOTS: usize = 5;
 
 impl ModelLayout {
     /// A model whose `count` blocks all have the same `layer` declaration.
@@ -213,7 +320,7 @@ impl ModelLayout {
                 order.extend(self.dictionary_sites(site));
             }
         }
-        order.extend([Site::Logits, Site::NextTokenProbs]);
+        order.extend([Site::FinalNormOutput, Site::Logits, Site::NextTokenProbs]);
         order
     }
 
@@ -228,13 +335,15 @@ impl ModelLayout {
 
     /// Size of the dense slot table [`Self::slot`] indexes into.
     pub fn slot_count(&self) -> usize {
-        4 + SLOTS_PER_LAYER * self.layers.len()
+        OUTER_SLOTS
+            + SLOTS_PER_LAYER * self.layers.len()
             + DictionaryPart::ALL.len() * self.dictionaries.len()
     }
 
     /// A dense index for a site this model serves: O(1), no hashing, distinct for distinct sites.
     pub fn slot(&self, site: Site) -> usize {
         let per_layer_base = 2;
+        let past_layers = per_layer_base + self.layers.len() * SLOTS_PER_LAYER;
         match site {
             Site::InputIds => 0,
             Site::TokenEmbeddings => 1,
@@ -242,23 +351,23 @@ impl ModelLayout {
                 let local = match site {
                     LayerSite::LayerInput => 0,
                     LayerSite::AttentionOutput => 1,
-                    LayerSite::MlpOutput => 2,
-                    LayerSite::LayerOutput => 3,
-                    LayerSite::Mixer(_, interior) => 4 + interior.index(),
+                    LayerSite::ResidualMid => 2,
+                    LayerSite::MlpInput => 3,
+                    LayerSite::MlpOutput => 4,
+                    LayerSite::LayerOutput => 5,
+                    LayerSite::Mixer(_, interior) => 6 + interior.index(),
+                    LayerSite::Mlp(interior) => 6 + MixerSite::ALL.len() + interior.index(),
                 };
                 per_layer_base + layer * SLOTS_PER_LAYER + local
             }
-            Site::Logits => per_layer_base + self.layers.len() * SLOTS_PER_LAYER,
-            Site::NextTokenProbs => per_layer_base + self.layers.len() * SLOTS_PER_LAYER + 1,
+            Site::FinalNormOutput => past_layers,
+            Site::Logits => past_layers + 1,
+            Site::NextTokenProbs => past_layers + 2,
             // Past the model's own slots; a dictionary this model lacks gets the (empty) slot
             // one past the table.
             Site::Dictionary { part, .. } => match self.dictionary_at(site.dictionary_host()) {
                 Some((place, _)) => {
-                    per_layer_base
-                        + self.layers.len() * SLOTS_PER_LAYER
-                        + 2
-                        + place * DictionaryPart::ALL.len()
-                        + part as usize
+                    past_layers + 3 + place * DictionaryPart::ALL.len() + part as usize
                 }
                 None => self.slot_count(),
             },
@@ -274,17 +383,7 @@ pub(crate) mod tests {
         ModelLayout::new(
             8,
             11,
-            vec![
-                LayerSpec {
-                    mixer: MixerKind::SoftmaxAttention {
-                        heads: 2,
-                        kv_heads: 2,
-                        head_dim: 4,
-                    },
-                    has_mlp: true,
-                };
-                layers
-            ],
+            vec![LayerSpec::attention(2, 2, 4, FeedForwardKind::Plain { inner: 12 }); layers],
         )
     }
 
@@ -307,11 +406,35 @@ pub(crate) mod tests {
                 "layers.0.self_attn.attention_scores",
                 "layers.0.self_attn.attention_probabilities",
                 "layers.0.self_attn.attention_head_outputs",
+                "layers.0.self_attn.attention_head_writes",
                 "layers.0.attention_output",
+                "layers.0.residual_mid",
+                "layers.0.mlp_input",
+                "layers.0.mlp.pre_activation",
+                "layers.0.mlp.post_activation",
                 "layers.0.mlp_output",
                 "layers.0.layer_output",
+                "final_norm_output",
                 "logits",
                 "next_token_probs",
+            ]
+        );
+    }
+
+    #[test]
+    fn parallel_blocks_have_no_mid_residual_and_gated_ones_an_up_projection() {
+        let layer = LayerSpec::attention(2, 2, 4, FeedForwardKind::Gated { inner: 12 }).parallel();
+        let names: Vec<String> = layer.sites().map(LayerSite::name).collect();
+        assert!(!names.contains(&"residual_mid".to_string()), "{names:?}");
+        let mlp: Vec<&String> = names.iter().filter(|n| n.starts_with("mlp")).collect();
+        assert_eq!(
+            mlp,
+            [
+                "mlp_input",
+                "mlp.pre_activation",
+                "mlp.up_projection",
+                "mlp.post_activation",
+                "mlp_output"
             ]
         );
     }
@@ -322,21 +445,24 @@ pub(crate) mod tests {
             8,
             11,
             vec![
-                LayerSpec {
-                    mixer: MixerKind::GatedDeltaNet {
+                LayerSpec::new(
+                    MixerKind::GatedDeltaNet {
                         value_heads: 2,
                         key_head_dim: 4,
                         value_head_dim: 4,
                     },
-                    has_mlp: true,
-                },
-                LayerSpec {
-                    mixer: MixerKind::Mamba1 {
+                    FeedForwardKind::Sparse {
+                        experts: 4,
+                        top_k: 2,
+                    },
+                ),
+                LayerSpec::new(
+                    MixerKind::Mamba1 {
                         inner: 16,
                         state: 4,
                     },
-                    has_mlp: false,
-                },
+                    FeedForwardKind::None,
+                ),
             ],
         );
         let names: Vec<String> = layout
@@ -351,6 +477,17 @@ pub(crate) mod tests {
             .collect();
         assert_eq!(layer0[1], "layers.0.linear_attn.attention_queries");
         assert_eq!(layer0[4], "layers.0.linear_attn.state_input");
+        assert_eq!(
+            layer0[layer0.len() - 6..],
+            [
+                "layers.0.mlp_input",
+                "layers.0.mlp.router_logits",
+                "layers.0.mlp.expert_indices",
+                "layers.0.mlp.expert_weights",
+                "layers.0.mlp_output",
+                "layers.0.layer_output",
+            ]
+        );
         let layer1: Vec<&str> = names
             .iter()
             .filter(|n| n.starts_with("layers.1."))
@@ -394,7 +531,7 @@ pub(crate) mod tests {
                 "layers.0.attention_output.sae.features",
                 "layers.0.attention_output.sae.reconstruction",
                 "layers.0.attention_output.sae.error",
-                "layers.0.mlp_output",
+                "layers.0.residual_mid",
             ]
         );
         assert!(!layout.has(Site::Dictionary {

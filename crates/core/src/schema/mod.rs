@@ -7,11 +7,15 @@ mod shape;
 mod site;
 mod table;
 
-pub use layout::{DictionaryPlacement, LayerSpec, MixerKind, ModelLayout};
+pub use layout::{
+    DictionaryPlacement, FeedForwardKind, LayerSpec, MixerKind, ModelLayout, Residual,
+};
 
 pub use dim::{Dim, SymbolicShape};
 #[cfg(test)]
 pub(crate) use layout::tests;
 pub use shape::CallDims;
-pub use site::{DICTIONARY_SEGMENT, DictionaryPart, LayerSite, MixerNamespace, MixerSite, Site};
+pub use site::{
+    DICTIONARY_SEGMENT, DictionaryPart, LayerSite, MixerNamespace, MixerSite, MlpSite, Site,
+};
 pub use table::{OUTER_SITES, OuterSite, SiteRow, markdown};

@@ -124,7 +124,7 @@ mod tests {
         let layout = gpt2_like(2);
         let aliased = layout.expand("layers.0.mixer.*").unwrap();
         assert_eq!(aliased, layout.expand("layers.0.self_attn.*").unwrap());
-        assert_eq!(aliased.len(), 6);
+        assert_eq!(aliased.len(), 7);
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //! call. One source for the CLI, the conformance checks and the docs.
 
 use super::dim::{Dim, SymbolicShape};
-use super::layout::{LayerSpec, MixerKind, ModelLayout};
+use super::layout::{FeedForwardKind, LayerSpec, MixerKind, ModelLayout, Residual};
 use super::resolve::{no_dictionary, not_in_architecture};
 use super::site::{DictionaryPart, LayerSite, Site};
 use super::table::OuterSite;
@@ -35,12 +35,21 @@ impl LayerSpec {
     /// block has no such site (an interior site of another mixer or name space, or `mlp_output`
     /// of a block without an MLP).
     pub fn shape_of(&self, site: LayerSite) -> Option<SymbolicShape> {
+        let has_mlp = self.has_mlp();
         let outer = match site {
             LayerSite::LayerInput => OuterSite::LayerInput,
             LayerSite::AttentionOutput => OuterSite::AttentionOutput,
-            LayerSite::MlpOutput if self.has_mlp => OuterSite::MlpOutput,
-            LayerSite::MlpOutput => return None,
+            LayerSite::ResidualMid if has_mlp && self.residual == Residual::Sequential => {
+                OuterSite::ResidualMid
+            }
+            LayerSite::MlpInput if has_mlp => OuterSite::MlpInput,
+            LayerSite::MlpOutput if has_mlp => OuterSite::MlpOutput,
+            LayerSite::ResidualMid | LayerSite::MlpInput | LayerSite::MlpOutput => return None,
             LayerSite::LayerOutput => OuterSite::LayerOutput,
+            LayerSite::Mlp(interior) => {
+                let mut rows = self.feed_forward.table().iter();
+                return rows.find(|row| row.site == interior).map(|row| row.shape);
+            }
             LayerSite::Mixer(namespace, interior) => {
                 if namespace != self.mixer.namespace() {
                     return None;
@@ -96,11 +105,12 @@ impl ModelLayout {
             .collect()
     }
 
-    /// A site's symbolic shape and the mixer of the block serving it (`None` outside the blocks).
-    fn shaped(&self, site: Site) -> Result<(SymbolicShape, Option<&MixerKind>)> {
+    /// A site's symbolic shape and the block serving it (`None` outside the blocks).
+    fn shaped(&self, site: Site) -> Result<(SymbolicShape, Option<&LayerSpec>)> {
         let outer = match site {
             Site::InputIds => OuterSite::InputIds,
             Site::TokenEmbeddings => OuterSite::TokenEmbeddings,
+            Site::FinalNormOutput => OuterSite::FinalNormOutput,
             Site::Logits => OuterSite::Logits,
             Site::NextTokenProbs => OuterSite::NextTokenProbs,
             Site::Layer { layer, site: local } => {
@@ -108,7 +118,7 @@ impl ModelLayout {
                 let shape = spec
                     .shape_of(local)
                     .ok_or_else(|| not_in_architecture(spec, layer, &site))?;
-                return Ok((shape, Some(&spec.mixer)));
+                return Ok((shape, Some(spec)));
             }
             Site::Dictionary { part, .. } => {
                 let (host, mixer) = self.shaped(site.dictionary_host())?;
@@ -130,14 +140,16 @@ impl ModelLayout {
         Ok((outer.row().shape, None))
     }
 
-    /// The size of axis `dim` of `site`, served by a block with `mixer` (`None` outside them).
+    /// The size of axis `dim` of `site`, served by `block` (`None` outside the blocks).
     fn resolve_dim(
         &self,
         site: Site,
         dim: Dim,
-        mixer: Option<&MixerKind>,
+        block: Option<&LayerSpec>,
         call: CallDims,
     ) -> Result<usize> {
+        let mixer = block.map(|block| &block.mixer);
+        let feed_forward = block.map(|block| &block.feed_forward);
         let size = match (dim, mixer) {
             (B, _) => call.batch,
             (T, _) => call.tokens,
@@ -154,28 +166,47 @@ impl ModelLayout {
             (NV, Some(MixerKind::GatedDeltaNet { value_heads, .. })) => *value_heads,
             (DK, Some(MixerKind::GatedDeltaNet { key_head_dim, .. })) => *key_head_dim,
             (DV, Some(MixerKind::GatedDeltaNet { value_head_dim, .. })) => *value_head_dim,
+            (I, _) => match feed_forward {
+                Some(FeedForwardKind::Plain { inner } | FeedForwardKind::Gated { inner }) => *inner,
+                _ => return Err(unsized_axis(site, dim, block)),
+            },
+            (NE, _) => match feed_forward {
+                Some(FeedForwardKind::Sparse { experts, .. }) => *experts,
+                _ => return Err(unsized_axis(site, dim, block)),
+            },
+            (K, _) => match feed_forward {
+                Some(FeedForwardKind::Sparse { top_k, .. }) => *top_k,
+                _ => return Err(unsized_axis(site, dim, block)),
+            },
             (F, _) => match self.dictionary_at(site.dictionary_host()) {
                 Some((_, placement)) => placement.features,
                 None => return Err(no_dictionary(site)),
             },
-            _ => {
-                return Err(Error::UnsizedAxis {
-                    site: site.to_string(),
-                    dim: dim.to_string(),
-                    owner: mixer.map_or("the model outside its blocks".into(), |mixer| {
-                        format!("a {} block", mixer.describe())
-                    }),
-                });
-            }
+            _ => return Err(unsized_axis(site, dim, block)),
         };
         Ok(size)
+    }
+}
+
+/// The error for an axis the tables give `site` that `block` does not size.
+fn unsized_axis(site: Site, dim: Dim, block: Option<&LayerSpec>) -> Error {
+    Error::UnsizedAxis {
+        site: site.to_string(),
+        dim: dim.to_string(),
+        owner: block.map_or("the model outside its blocks".into(), |block| {
+            format!(
+                "a {} block with {} feed-forward part",
+                block.mixer.describe(),
+                block.feed_forward.describe()
+            )
+        }),
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::layout::tests::gpt2_like;
-    use super::super::site::{MixerNamespace, MixerSite};
+    use super::super::site::{MixerNamespace, MixerSite, MlpSite};
     use super::*;
 
     #[test]
@@ -264,20 +295,32 @@ mod tests {
         );
         assert!(layout.fixed_shape(past_the_end).is_err());
         let mut no_mlp = gpt2_like(1);
-        no_mlp.layers[0].has_mlp = false;
-        let mlp = Site::layer(0, LayerSite::MlpOutput);
-        assert!(matches!(
-            no_mlp.shape(mlp, call),
-            Err(Error::SiteNotInArchitecture { .. })
-        ));
+        no_mlp.layers[0].feed_forward = FeedForwardKind::None;
+        for site in [
+            LayerSite::MlpOutput,
+            LayerSite::MlpInput,
+            LayerSite::ResidualMid,
+            LayerSite::Mlp(MlpSite::PostActivation),
+        ] {
+            assert!(matches!(
+                no_mlp.shape(Site::layer(0, site), call),
+                Err(Error::SiteNotInArchitecture { .. })
+            ));
+        }
+        let parallel = ModelLayout::uniform(8, 11, gpt2_like(1).layers[0].parallel(), 1);
+        assert!(!parallel.has(Site::layer(0, LayerSite::ResidualMid)));
+        assert!(parallel.has(Site::layer(0, LayerSite::MlpInput)));
+        let plain = Site::layer(0, LayerSite::Mlp(MlpSite::UpProjection));
+        assert!(!gpt2_like(1).has(plain), "a plain MLP has no up projection");
     }
 
     #[test]
     fn every_site_of_every_block_kind_has_a_sized_shape() {
         let call = CallDims::at_step(1, 1, 0);
+        let feed_forwards = FeedForwardKind::every_kind();
         for mixer in MixerKind::every_kind() {
-            for has_mlp in [false, true] {
-                let layout = ModelLayout::uniform(1, 1, LayerSpec { mixer, has_mlp }, 1);
+            for feed_forward in feed_forwards.into_iter().chain([FeedForwardKind::None]) {
+                let layout = ModelLayout::uniform(1, 1, LayerSpec::new(mixer, feed_forward), 1);
                 for site in layout.call_order() {
                     let rank = layout.rank(site).unwrap();
                     let shape = layout.shape(site, call);

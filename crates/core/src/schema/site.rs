@@ -21,11 +21,14 @@ pub enum MixerSite {
     StateOutput,
     /// Per-head mixer output before any gate and the output projection.
     AttentionHeadOutputs,
+    /// What each head adds to the residual stream: its slice of the output projection applied
+    /// to its (gated) output.
+    AttentionHeadWrites,
 }
 
 impl MixerSite {
     /// Every mixer site, in a fixed order (not the call order of any one mixer).
-    pub const ALL: [MixerSite; 8] = [
+    pub const ALL: [MixerSite; 9] = [
         MixerSite::AttentionQueries,
         MixerSite::AttentionKeys,
         MixerSite::AttentionValues,
@@ -34,6 +37,7 @@ impl MixerSite {
         MixerSite::StateInput,
         MixerSite::StateOutput,
         MixerSite::AttentionHeadOutputs,
+        MixerSite::AttentionHeadWrites,
     ];
 
     /// This site's place in [`MixerSite::ALL`] (its declaration order): a dense index with no
@@ -53,6 +57,7 @@ impl MixerSite {
             MixerSite::StateInput => "state_input",
             MixerSite::StateOutput => "state_output",
             MixerSite::AttentionHeadOutputs => "attention_head_outputs",
+            MixerSite::AttentionHeadWrites => "attention_head_writes",
         }
     }
 
@@ -88,6 +93,59 @@ impl MixerNamespace {
     }
 }
 
+/// An interior value of a block's feed-forward part (`layers.{i}.mlp.*`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum MlpSite {
+    /// The neurons' pre-activation: a gated MLP's gate projection, a plain MLP's first one.
+    PreActivation,
+    /// A gated MLP's up projection.
+    UpProjection,
+    /// The neuron activations entering the down projection.
+    PostActivation,
+    /// A mixture of experts' router logits.
+    RouterLogits,
+    /// The experts each token is routed to.
+    ExpertIndices,
+    /// The weights of the routed experts' outputs.
+    ExpertWeights,
+}
+
+impl MlpSite {
+    /// Every feed-forward site, in a fixed order (not the call order of any one block).
+    pub const ALL: [MlpSite; 6] = [
+        MlpSite::PreActivation,
+        MlpSite::UpProjection,
+        MlpSite::PostActivation,
+        MlpSite::RouterLogits,
+        MlpSite::ExpertIndices,
+        MlpSite::ExpertWeights,
+    ];
+
+    /// This site's place in [`MlpSite::ALL`].
+    pub fn index(self) -> usize {
+        self as usize
+    }
+
+    /// The canonical name of this site, without its `layers.{i}.mlp.` prefix.
+    pub fn name(self) -> &'static str {
+        match self {
+            MlpSite::PreActivation => "pre_activation",
+            MlpSite::UpProjection => "up_projection",
+            MlpSite::PostActivation => "post_activation",
+            MlpSite::RouterLogits => "router_logits",
+            MlpSite::ExpertIndices => "expert_indices",
+            MlpSite::ExpertWeights => "expert_weights",
+        }
+    }
+
+    fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|site| site.name() == name)
+    }
+}
+
+/// The path segment of the feed-forward sites.
+const MLP_NAMESPACE: &str = "mlp";
+
 /// A site of one layer.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum LayerSite {
@@ -98,6 +156,12 @@ pub enum LayerSite {
     /// What the sequence mixer adds to the residual stream (after a post-norm, where the
     /// block has one).
     AttentionOutput,
+    /// The residual stream between the mixer's add and the MLP's (sequential blocks).
+    ResidualMid,
+    /// What the feed-forward part reads (after its pre-norm, where the block has one).
+    MlpInput,
+    /// An interior value of the feed-forward part.
+    Mlp(MlpSite),
     /// Output of the MLP.
     MlpOutput,
     /// Residual stream leaving the block.
@@ -111,6 +175,9 @@ impl LayerSite {
             LayerSite::LayerInput => "layer_input".into(),
             LayerSite::Mixer(namespace, site) => format!("{}.{}", namespace.name(), site.name()),
             LayerSite::AttentionOutput => "attention_output".into(),
+            LayerSite::ResidualMid => "residual_mid".into(),
+            LayerSite::MlpInput => "mlp_input".into(),
+            LayerSite::Mlp(site) => format!("{MLP_NAMESPACE}.{}", site.name()),
             LayerSite::MlpOutput => "mlp_output".into(),
             LayerSite::LayerOutput => "layer_output".into(),
         }
@@ -120,11 +187,16 @@ impl LayerSite {
         match name {
             "layer_input" => return Some(LayerSite::LayerInput),
             "attention_output" => return Some(LayerSite::AttentionOutput),
+            "residual_mid" => return Some(LayerSite::ResidualMid),
+            "mlp_input" => return Some(LayerSite::MlpInput),
             "mlp_output" => return Some(LayerSite::MlpOutput),
             "layer_output" => return Some(LayerSite::LayerOutput),
             _ => {}
         }
         let (namespace, site) = name.split_once('.')?;
+        if namespace == MLP_NAMESPACE {
+            return MlpSite::from_name(site).map(LayerSite::Mlp);
+        }
         Some(LayerSite::Mixer(
             MixerNamespace::from_name(namespace)?,
             MixerSite::from_name(site)?,
@@ -192,6 +264,8 @@ pub enum Site {
         /// Which of its values.
         part: DictionaryPart,
     },
+    /// `final_norm_output`: the final norm's output, what the language-model head reads.
+    FinalNormOutput,
     /// `logits`: the language-model head output (after any final soft-cap).
     Logits,
     /// `next_token_probs`: softmax of the last position's logits.
@@ -233,6 +307,7 @@ impl Site {
         match name {
             "input_ids" => return Some(Site::InputIds),
             "token_embeddings" => return Some(Site::TokenEmbeddings),
+            "final_norm_output" => return Some(Site::FinalNormOutput),
             "logits" => return Some(Site::Logits),
             "next_token_probs" => return Some(Site::NextTokenProbs),
             _ => {}
@@ -261,6 +336,7 @@ impl fmt::Display for Site {
                 site.name(),
                 part.name()
             ),
+            Site::FinalNormOutput => f.write_str("final_norm_output"),
             Site::Logits => f.write_str("logits"),
             Site::NextTokenProbs => f.write_str("next_token_probs"),
         }
@@ -272,8 +348,11 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_mixer_site_indexes_its_place_in_all() {
+    fn every_mixer_and_mlp_site_indexes_its_place_in_all() {
         for (place, site) in MixerSite::ALL.iter().enumerate() {
+            assert_eq!(site.index(), place, "{site:?}");
+        }
+        for (place, site) in MlpSite::ALL.iter().enumerate() {
             assert_eq!(site.index(), place, "{site:?}");
         }
     }
@@ -294,6 +373,11 @@ mod tests {
                 site: LayerSite::Mixer(MixerNamespace::SelfAttn, MixerSite::AttentionHeadOutputs),
                 part: DictionaryPart::Features,
             },
+            Site::layer(1, LayerSite::ResidualMid),
+            Site::layer(1, LayerSite::MlpInput),
+            Site::layer(1, LayerSite::Mlp(MlpSite::PostActivation)),
+            Site::self_attn(0, MixerSite::AttentionHeadWrites),
+            Site::FinalNormOutput,
             Site::Logits,
             Site::NextTokenProbs,
         ];
@@ -330,6 +414,9 @@ mod tests {
             "layers.0.layer_output.sae.bogus",
             "logits.sae.features",
             "layers.0.layer_output.sae.features.sae.error",
+            "layers.0.mlp.bogus",
+            "layers.0.mlp",
+            "final_norm",
         ] {
             assert_eq!(Site::parse(name), None, "{name}");
         }

@@ -3,8 +3,8 @@
 //! CLI's listings and `docs/SCHEMA.md` (through `hookscope sites --markdown`) all read these.
 
 use super::dim::{Dim, Dim::*, SymbolicShape};
-use super::layout::MixerKind;
-use super::site::{DictionaryPart, MixerNamespace, MixerSite};
+use super::layout::{FeedForwardKind, MixerKind};
+use super::site::{DictionaryPart, MixerNamespace, MixerSite, MlpSite};
 
 /// One row of a table: a site's name (relative to its table), symbolic shape and meaning.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -28,10 +28,16 @@ pub enum OuterSite {
     LayerInput,
     /// `layers.{i}.attention_output`.
     AttentionOutput,
+    /// `layers.{i}.residual_mid`.
+    ResidualMid,
+    /// `layers.{i}.mlp_input`.
+    MlpInput,
     /// `layers.{i}.mlp_output`.
     MlpOutput,
     /// `layers.{i}.layer_output`.
     LayerOutput,
+    /// `final_norm_output`.
+    FinalNormOutput,
     /// `logits`.
     Logits,
     /// `next_token_probs`.
@@ -46,8 +52,11 @@ impl OuterSite {
             OuterSite::TokenEmbeddings => "token_embeddings",
             OuterSite::LayerInput => "layers.{i}.layer_input",
             OuterSite::AttentionOutput => "layers.{i}.attention_output",
+            OuterSite::ResidualMid => "layers.{i}.residual_mid",
+            OuterSite::MlpInput => "layers.{i}.mlp_input",
             OuterSite::MlpOutput => "layers.{i}.mlp_output",
             OuterSite::LayerOutput => "layers.{i}.layer_output",
+            OuterSite::FinalNormOutput => "final_norm_output",
             OuterSite::Logits => "logits",
             OuterSite::NextTokenProbs => "next_token_probs",
         }
@@ -81,6 +90,21 @@ impl OuterSite {
                 "what block i's sequence mixer adds to the residual stream: its output, after \
                  the block's post-norm where it has one (Gemma 2 and 3)",
             ),
+            OuterSite::ResidualMid => row(
+                self,
+                &[B, T, H],
+                "residual stream between block i's two adds: `layer_input + attention_output`, \
+                 what the MLP branch reads before its norm (sequential blocks with an MLP only; \
+                 not served where both parts read the block's input, GPT-NeoX's and GPT-J's \
+                 parallel blocks)",
+            ),
+            OuterSite::MlpInput => row(
+                self,
+                &[B, T, H],
+                "what block i's feed-forward part reads: after its pre-norm where the block has \
+                 one (`ln_2(residual_mid)`; the block input's norm in a parallel block; the \
+                 residual itself where there is no pre-norm, OLMo-2)",
+            ),
             OuterSite::MlpOutput => row(
                 self,
                 &[B, T, H],
@@ -90,6 +114,12 @@ impl OuterSite {
                  shared expert)",
             ),
             OuterSite::LayerOutput => row(self, &[B, T, H], "residual stream leaving block i"),
+            OuterSite::FinalNormOutput => row(
+                self,
+                &[B, T, H],
+                "the last block's output through the final norm: what the language-model head \
+                 reads (nnterp's `ln_final` output); writing it changes the logits",
+            ),
             OuterSite::Logits => row(
                 self,
                 &[B, T, V],
@@ -104,22 +134,25 @@ impl OuterSite {
     }
 }
 
-/// The sites outside any mixer, in call order (a block's mixer sites come after its
-/// `layer_input`).
-pub const OUTER_SITES: [SiteRow<OuterSite>; 8] = [
+/// The sites outside any mixer and feed-forward part, in call order (a block's mixer sites come
+/// after its `layer_input`, its feed-forward sites after its `mlp_input`).
+pub const OUTER_SITES: [SiteRow<OuterSite>; 11] = [
     OuterSite::InputIds.row(),
     OuterSite::TokenEmbeddings.row(),
     OuterSite::LayerInput.row(),
     OuterSite::AttentionOutput.row(),
+    OuterSite::ResidualMid.row(),
+    OuterSite::MlpInput.row(),
     OuterSite::MlpOutput.row(),
     OuterSite::LayerOutput.row(),
+    OuterSite::FinalNormOutput.row(),
     OuterSite::Logits.row(),
     OuterSite::NextTokenProbs.row(),
 ];
 
 use MixerSite::*;
 
-const SOFTMAX_ATTENTION: [SiteRow<MixerSite>; 6] = [
+const SOFTMAX_ATTENTION: [SiteRow<MixerSite>; 7] = [
     row(
         AttentionQueries,
         &[B, NH, T, D],
@@ -152,6 +185,14 @@ const SOFTMAX_ATTENTION: [SiteRow<MixerSite>; 6] = [
         &[B, T, NH, D],
         "per-head weighted values (probabilities × values), before any output gate and the \
          output projection",
+    ),
+    row(
+        AttentionHeadWrites,
+        &[B, T, NH, H],
+        "what each head adds to the residual stream: its slice of the output projection applied \
+         to its head output (after the output gate of gated attention); the heads plus the \
+         projection's bias sum to the mixer's output before any post-norm. Computed only when \
+         read or written; a write flows on as the sum of the heads plus the bias",
     ),
 ];
 
@@ -222,6 +263,73 @@ const GATED_DELTANET: [SiteRow<MixerSite>; 6] = [
     ),
 ];
 
+const PLAIN_MLP: [SiteRow<MlpSite>; 2] = [
+    row(
+        MlpSite::PreActivation,
+        &[B, T, I],
+        "the neurons' pre-activation: the first projection of `mlp_input` (`c_fc`, `fc1`, \
+         `dense_h_to_4h`, `fc_in`)",
+    ),
+    row(
+        MlpSite::PostActivation,
+        &[B, T, I],
+        "the neuron activations, `act(pre_activation)`: what the down projection reads; \
+         zeroing neuron `n` is a neuron ablation",
+    ),
+];
+
+const GATED_MLP: [SiteRow<MlpSite>; 3] = [
+    row(
+        MlpSite::PreActivation,
+        &[B, T, I],
+        "the gate projection of `mlp_input` (`gate_proj`), before the activation",
+    ),
+    row(
+        MlpSite::UpProjection,
+        &[B, T, I],
+        "the up projection of `mlp_input` (`up_proj`)",
+    ),
+    row(
+        MlpSite::PostActivation,
+        &[B, T, I],
+        "the neuron activations `act(pre_activation) * up_projection`: what the down \
+         projection reads; zeroing neuron `n` is a neuron ablation",
+    ),
+];
+
+const SPARSE_MOE: [SiteRow<MlpSite>; 3] = [
+    row(
+        MlpSite::RouterLogits,
+        &[B, T, NE],
+        "the router's logits over the experts; a write changes the routing",
+    ),
+    row(
+        MlpSite::ExpertIndices,
+        &[B, T, K],
+        "the `K` experts each token is routed to (the largest routing probabilities, ties to \
+         the lower index), in increasing index, as floats holding integers; a write (whole \
+         numbers below `NE`) reroutes the token",
+    ),
+    row(
+        MlpSite::ExpertWeights,
+        &[B, T, K],
+        "the weights of those experts' outputs (softmax of the router logits at the chosen \
+         experts, renormalised where the model renormalises); writable",
+    ),
+];
+
+impl FeedForwardKind {
+    /// The part's interior sites in call order, with shapes and meanings (none without a part).
+    pub fn table(&self) -> &'static [SiteRow<MlpSite>] {
+        match self {
+            FeedForwardKind::None => &[],
+            FeedForwardKind::Plain { .. } => &PLAIN_MLP,
+            FeedForwardKind::Gated { .. } => &GATED_MLP,
+            FeedForwardKind::Sparse { .. } => &SPARSE_MOE,
+        }
+    }
+}
+
 impl MixerKind {
     /// The mixer's interior sites in call order, with shapes and meanings.
     pub fn table(&self) -> &'static [SiteRow<MixerSite>] {
@@ -251,6 +359,16 @@ pub fn markdown() -> String {
             "\n{}{rest} mixer, `layers.{{i}}.{}.*`{alias}, in call order:\n\n",
             first.to_uppercase(),
             namespace.name()
+        );
+        out += &markdown_table(kind.table().iter().map(|r| (r.site.name().to_string(), r)));
+    }
+    for kind in FeedForwardKind::every_kind() {
+        let name = kind.describe();
+        let (first, rest) = name.split_at(name.chars().next().map_or(0, char::len_utf8));
+        out += &format!(
+            "\n{}{rest} feed-forward part, `layers.{{i}}.mlp.*`, in call order (after \
+             `mlp_input`):\n\n",
+            first.to_uppercase()
         );
         out += &markdown_table(kind.table().iter().map(|r| (r.site.name().to_string(), r)));
     }

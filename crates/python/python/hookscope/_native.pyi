@@ -82,6 +82,11 @@ class Model:
     def decode(self, ids: Sequence[int]) -> str:
         """The text of token ids."""
 
+    def dla(self, prompt: Prompts, target: int | str, *, vs: int | str | None = None) -> dict[str, Any]:
+        """Direct logit attribution of the prompt's last position: `logit` (target less `vs`,
+        before any final soft-cap) split into `embeddings`, `layers` (`mixer`, `heads`,
+        `mixer_rest`, `mlp` per layer), `final_norm_bias` and `head_bias`, which sum to it."""
+
     def sites(self, prompt_len: int = 10, step: int = 1, batch: int = 1) -> list[dict[str, Any]]:
         """Every site in call order: `name`, symbolic `shape`, `step0` and `decode` shapes."""
 

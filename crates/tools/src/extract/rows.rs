@@ -156,10 +156,11 @@ impl SiteRows {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use hookscope_core::schema::{LayerSpec, MixerSite};
+    use hookscope_core::schema::{FeedForwardKind, LayerSpec, MixerSite};
 
     fn layout() -> ModelLayout {
-        ModelLayout::uniform(8, 11, LayerSpec::attention(2, 2, 4), 2)
+        let layer = LayerSpec::attention(2, 2, 4, FeedForwardKind::Gated { inner: 12 });
+        ModelLayout::uniform(8, 11, layer, 2)
     }
 
     #[test]
