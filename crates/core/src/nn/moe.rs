@@ -208,8 +208,8 @@ impl SparseMoe {
     fn choose(&self, probabilities: &[f32]) -> (Vec<f32>, Vec<f32>) {
         let (experts, top_k) = (self.spec.experts, self.spec.top_k);
         let rows = probabilities.len() / experts;
-        let (mut chosen, mut weights) = (Vec::with_capacity(rows * top_k), Vec::new());
-        weights.reserve(rows * top_k);
+        let mut chosen = Vec::with_capacity(rows * top_k);
+        let mut weights = Vec::with_capacity(rows * top_k);
         for probs in probabilities.chunks(experts) {
             let mut order: Vec<usize> = (0..experts).collect();
             order.sort_by(|a, b| probs[*b].total_cmp(&probs[*a]).then(a.cmp(b)));
