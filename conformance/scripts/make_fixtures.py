@@ -300,6 +300,7 @@ def attach_hooks(model):
             attach_mlp_hooks(model, block, mlp, i)
         if is_softmax_attention(mixer):
             attach_head_writes_hook(mixer, i)
+            attach_output_gate_hook(mixer, i)
         block.register_forward_hook(
             lambda m, a, o, i=i: RECORDER.put(f"layers.{i}.layer_output", output_tensor(o))
         )
@@ -344,6 +345,26 @@ def attach_head_writes_hook(attention, i):
         RECORDER.put(f"layers.{i}.self_attn.attention_head_writes", torch.einsum("bthd,hdo->btho", per_head, per_weight))
 
     projection.register_forward_pre_hook(record)
+
+
+def attach_output_gate_hook(attention, i):
+    """Record `attention_gate` on gated attention (Qwen3-Next, Qwen3.5), whose query projection
+    yields per head `[query | gate]`: `sigmoid(gate)`, `[B, T, NH, D]`, as the modeling code
+    multiplies the head outputs by it."""
+    projection = getattr(attention, "q_proj", None)
+    head_dim = getattr(attention, "head_dim", None)
+    heads = getattr(getattr(attention, "config", None), "num_attention_heads", None)
+    if projection is None or head_dim is None or heads is None:
+        return
+    if projection.out_features != 2 * heads * head_dim:
+        return
+
+    def record(_module, _args, output):
+        batch, tokens, _ = output.shape
+        gate = output.view(batch, tokens, heads, 2 * head_dim)[..., head_dim:]
+        RECORDER.put(f"layers.{i}.self_attn.attention_gate", torch.sigmoid(gate))
+
+    projection.register_forward_hook(record)
 
 
 def mlp_pre_norm(block):

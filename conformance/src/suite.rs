@@ -397,8 +397,9 @@ impl Subject {
         let hidden = self.model.layout().hidden;
         let device = self.model.device();
         let zero = hookscope::burn::tensor::Tensor::<3>::zeros([1, 1, hidden], device);
-        let heads = |x| floats(&SiteValue::Float3(self.model.head_logits(x)));
-        let bias = heads(self.model.final_norm(zero.clone()))?;
+        let head = self.model.output_head();
+        let heads = |x| floats(&SiteValue::Float3(head.head(x)));
+        let bias = heads(head.final_norm(zero.clone()))?;
         let own = heads(zero)?;
         let expected = (bias[1] - own[1]) - (bias[0] - own[0]);
         if (attribution.final_norm_bias - expected).abs() > TOLERANCE * scale {

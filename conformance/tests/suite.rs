@@ -1,5 +1,6 @@
 //! The conformance suite over every registered adapter, and proof that it catches a broken one.
 
+use hookscope::OutputHead;
 use hookscope::burn::tensor::Tensor;
 use hookscope::cache::ModelCache;
 use hookscope::registry;
@@ -80,14 +81,8 @@ impl CausalLm for Misdeclared {
     fn forward(&self, call: &mut Call<'_>) -> Result<Tensor<3>> {
         self.inner.forward(call)
     }
-    fn final_norm(&self, hidden: Tensor<3>) -> Tensor<3> {
-        self.inner.final_norm(hidden)
-    }
-    fn head(&self, normed: Tensor<3>) -> Tensor<3> {
-        self.inner.head(normed)
-    }
-    fn final_norm_linearised(&self, reference: Tensor<3>, parts: Tensor<4>) -> Tensor<4> {
-        self.inner.final_norm_linearised(reference, parts)
+    fn output_head(&self) -> &dyn OutputHead {
+        self.inner.output_head()
     }
 }
 

@@ -20,8 +20,8 @@
 use hookscope_core::config::{AttentionHeads, HeadDim, HeadKeys};
 use hookscope_core::nn::{
     Activation, DecoderLayer, DecoderOptions, DecoderParts, Embedding, GatedMlp, GatedMlpSpec,
-    HybridDecoder, LayerMixer, Linear, Mlp, MoeSpec, ProjectedAttention, ProjectedAttentionSpec,
-    QkNorm, QkNormSpan, RmsNorm, SparseMoe, is_sparse_layer,
+    HybridDecoder, LayerMixer, Linear, LmHead, Mlp, MoeSpec, ProjectedAttention,
+    ProjectedAttentionSpec, QkNorm, QkNormSpan, RmsNorm, SparseMoe, is_sparse_layer,
 };
 use hookscope_core::nn::{Rope, RopeParameters, RopeRules, RotaryFraction};
 use hookscope_core::{ArchConfig, Result, WeightLoader};
@@ -331,8 +331,7 @@ pub fn load(
         embed_tokens,
         rotary,
         layers,
-        norm,
-        lm_head,
+        head: LmHead::new(norm, lm_head),
         options: DecoderOptions::default(),
     }))
 }

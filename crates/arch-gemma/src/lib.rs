@@ -18,8 +18,8 @@ mod config;
 
 use hookscope_core::nn::{
     DecoderLayer, DecoderOptions, DecoderParts, Embedding, GatedMlp, GatedMlpSpec, HybridDecoder,
-    LayerMixer, Linear, NoOtherMixer, OutputNorms, ProjectedAttention, ProjectedAttentionSpec,
-    QkNorm, QkNormSpan, RmsNorm, ScoreRules,
+    LayerMixer, Linear, LmHead, NoOtherMixer, OutputNorms, ProjectedAttention,
+    ProjectedAttentionSpec, QkNorm, QkNormSpan, RmsNorm, ScoreRules,
 };
 use hookscope_core::{ArchConfig, Architecture, Result, WeightLoader};
 
@@ -157,14 +157,12 @@ pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<G
         embed_tokens,
         rotary: rope.rotary(arch_config, heads.head_dim)?,
         layers,
-        norm: final_norm,
-        lm_head,
+        head: LmHead::new(final_norm, lm_head).soft_capped(logit_softcap),
         options: DecoderOptions {
             embedding_scale: Some(embedding_scale),
             sliding_rotary: sliding_rope
                 .map(|rope| rope.rotary(arch_config, heads.head_dim))
                 .transpose()?,
-            logit_softcap,
             ..DecoderOptions::default()
         },
     }))

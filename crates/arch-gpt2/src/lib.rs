@@ -10,12 +10,12 @@
 use hookscope_core::burn::tensor::Tensor;
 use hookscope_core::config::{AttentionHeads, HeadDim, HeadKeys};
 use hookscope_core::nn::{
-    Activation, Embedding, LayerNorm, Linear, PlainMlp, ScoreRules, SoftmaxAttention,
+    Activation, Embedding, LayerNorm, Linear, LmHead, PlainMlp, ScoreRules, SoftmaxAttention,
     project_heads, residual_block,
 };
 use hookscope_core::schema::{FeedForwardKind, LayerSpec};
 use hookscope_core::{
-    ArchConfig, Architecture, Call, CausalLm, ModelLayout, Result, Site, WeightLoader,
+    ArchConfig, Architecture, Call, CausalLm, ModelLayout, OutputHead, Result, Site, WeightLoader,
 };
 use serde::Deserialize;
 
@@ -81,8 +81,7 @@ pub struct Gpt2 {
     wte: Embedding,
     wpe: Embedding,
     blocks: Vec<Block>,
-    ln_f: LayerNorm,
-    lm_head: Linear,
+    head: LmHead,
 }
 
 impl Gpt2 {
@@ -154,8 +153,7 @@ impl Gpt2 {
             wte,
             wpe,
             blocks,
-            ln_f,
-            lm_head,
+            head: LmHead::new(ln_f, lm_head),
         })
     }
 }
@@ -201,16 +199,8 @@ impl CausalLm for Gpt2 {
         Ok(hidden)
     }
 
-    fn final_norm(&self, hidden: Tensor<3>) -> Tensor<3> {
-        self.ln_f.forward(hidden)
-    }
-
-    fn head(&self, normed: Tensor<3>) -> Tensor<3> {
-        self.lm_head.forward(normed)
-    }
-
-    fn final_norm_linearised(&self, reference: Tensor<3>, parts: Tensor<4>) -> Tensor<4> {
-        self.ln_f.linearised(reference, parts)
+    fn output_head(&self) -> &dyn OutputHead {
+        &self.head
     }
 }
 

@@ -15,13 +15,13 @@
 use hookscope_core::burn::tensor::Tensor;
 use hookscope_core::config::{AttentionHeads, HeadDim, HeadKeys};
 use hookscope_core::nn::{
-    Activation, Embedding, FusedLayout, LayerNorm, Linear, PlainMlp, ProjectedAttention,
+    Activation, Embedding, FusedLayout, LayerNorm, Linear, LmHead, PlainMlp, ProjectedAttention,
     ProjectedAttentionSpec, QkvWeights, Rope, RopeParameters, RopeRules, Rotary, RotaryFraction,
     parallel_residual_block, residual_block,
 };
 use hookscope_core::schema::{FeedForwardKind, LayerSpec};
 use hookscope_core::{
-    ArchConfig, Architecture, Call, CausalLm, ModelLayout, Result, Site, WeightLoader,
+    ArchConfig, Architecture, Call, CausalLm, ModelLayout, OutputHead, Result, Site, WeightLoader,
 };
 use serde::Deserialize;
 
@@ -113,8 +113,7 @@ pub struct GptNeox {
     rotary: Rotary,
     embed_in: Embedding,
     blocks: Vec<Block>,
-    final_norm: LayerNorm,
-    embed_out: Linear,
+    head: LmHead,
 }
 
 impl GptNeox {
@@ -178,8 +177,7 @@ impl GptNeox {
             rotary,
             embed_in,
             blocks,
-            final_norm,
-            embed_out,
+            head: LmHead::new(final_norm, embed_out),
         })
     }
 }
@@ -210,16 +208,8 @@ impl CausalLm for GptNeox {
         Ok(hidden)
     }
 
-    fn final_norm(&self, hidden: Tensor<3>) -> Tensor<3> {
-        self.final_norm.forward(hidden)
-    }
-
-    fn head(&self, normed: Tensor<3>) -> Tensor<3> {
-        self.embed_out.forward(normed)
-    }
-
-    fn final_norm_linearised(&self, reference: Tensor<3>, parts: Tensor<4>) -> Tensor<4> {
-        self.final_norm.linearised(reference, parts)
+    fn output_head(&self) -> &dyn OutputHead {
+        &self.head
     }
 }
 

@@ -26,7 +26,7 @@ mod config;
 
 use hookscope_core::nn::{
     Activation, DecoderLayer, DecoderOptions, DecoderParts, Embedding, FusedLayout, GatedMlp,
-    GatedMlpSpec, HybridDecoder, LayerMixer, Linear, Mlp, NoOtherMixer, OutputNorms,
+    GatedMlpSpec, HybridDecoder, LayerMixer, Linear, LmHead, Mlp, NoOtherMixer, OutputNorms,
     ProjectedAttention, ProjectedAttentionSpec, QkvWeights, RmsNorm, ScoreRules, SparseMoe,
 };
 use hookscope_core::weights::WeightScope;
@@ -116,8 +116,7 @@ pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<L
         embed_tokens,
         rotary,
         layers,
-        norm,
-        lm_head,
+        head: LmHead::new(norm, lm_head),
         options: DecoderOptions {
             recompute_beyond: config.recompute_beyond(variant),
             ..DecoderOptions::default()

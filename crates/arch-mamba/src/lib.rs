@@ -13,12 +13,13 @@
 
 use hookscope_core::burn::tensor::{Tensor, activation};
 use hookscope_core::nn::{
-    Activation, CausalConv1d, Embedding, Linear, Recurrence, RecurrentSites, RmsNorm, ScanInputs,
-    residual_block, selective_readout, selective_scan, selective_step, silu,
+    Activation, CausalConv1d, Embedding, Linear, LmHead, Recurrence, RecurrentSites, RmsNorm,
+    ScanInputs, residual_block, selective_readout, selective_scan, selective_step, silu,
 };
 use hookscope_core::schema::{FeedForwardKind, LayerSpec, MixerKind, MixerNamespace};
 use hookscope_core::{
-    ArchConfig, Architecture, Call, CausalLm, MixerSite, ModelLayout, Result, Site, WeightLoader,
+    ArchConfig, Architecture, Call, CausalLm, MixerSite, ModelLayout, OutputHead, Result, Site,
+    WeightLoader,
 };
 use serde::Deserialize;
 use serde_json::Value;
@@ -123,8 +124,7 @@ pub struct Mamba {
     state: usize,
     embeddings: Embedding,
     blocks: Vec<Block>,
-    norm_f: RmsNorm,
-    lm_head: Linear,
+    head: LmHead,
 }
 
 impl Mamba {
@@ -182,8 +182,7 @@ impl Mamba {
             state: n,
             embeddings,
             blocks,
-            norm_f,
-            lm_head,
+            head: LmHead::new(norm_f, lm_head),
         })
     }
 
@@ -296,16 +295,8 @@ impl CausalLm for Mamba {
         Ok(hidden)
     }
 
-    fn final_norm(&self, hidden: Tensor<3>) -> Tensor<3> {
-        self.norm_f.forward(hidden)
-    }
-
-    fn head(&self, normed: Tensor<3>) -> Tensor<3> {
-        self.lm_head.forward(normed)
-    }
-
-    fn final_norm_linearised(&self, reference: Tensor<3>, parts: Tensor<4>) -> Tensor<4> {
-        self.norm_f.linearised(reference, parts)
+    fn output_head(&self) -> &dyn OutputHead {
+        &self.head
     }
 }
 

@@ -10,8 +10,8 @@
 use hookscope_core::config::{AttentionHeads, ConfigFloat, HeadDim, HeadKeys};
 use hookscope_core::nn::{
     Activation, DecoderLayer, DecoderOptions, DecoderParts, Embedding, GatedMlp, GatedMlpSpec,
-    HybridDecoder, LayerMixer, Linear, ProjectedAttention, ProjectedAttentionSpec, RmsNorm, Rope,
-    RopeParameters, RopeRules, RotaryFraction,
+    HybridDecoder, LayerMixer, Linear, LmHead, ProjectedAttention, ProjectedAttentionSpec, RmsNorm,
+    Rope, RopeParameters, RopeRules, RotaryFraction,
 };
 use hookscope_core::{ArchConfig, Result, WeightLoader};
 use serde::Deserialize;
@@ -233,8 +233,7 @@ pub fn load(arch_config: &ArchConfig, loader: &mut WeightLoader<'_>) -> Result<B
             .rope(arch_config)?
             .rotary(arch_config, attention.head_dim)?,
         layers,
-        norm: final_norm,
-        lm_head,
+        head: LmHead::new(final_norm, lm_head),
         options: DecoderOptions::default(),
     }))
 }

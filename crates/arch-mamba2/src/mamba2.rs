@@ -4,9 +4,11 @@
 
 use hookscope_core::burn::tensor::Tensor;
 use hookscope_core::config::ConfigFloat;
-use hookscope_core::nn::{Activation, Embedding, Linear, Mixer, RmsNorm, residual_block};
+use hookscope_core::nn::{Activation, Embedding, Linear, LmHead, Mixer, RmsNorm, residual_block};
 use hookscope_core::schema::{FeedForwardKind, LayerSpec};
-use hookscope_core::{ArchConfig, Call, CausalLm, ModelLayout, Result, Site, WeightLoader};
+use hookscope_core::{
+    ArchConfig, Call, CausalLm, ModelLayout, OutputHead, Result, Site, WeightLoader,
+};
 use serde::Deserialize;
 
 use crate::mixer::{Mamba2Mixer, MixerSpec};
@@ -108,8 +110,7 @@ pub struct Mamba2 {
     layout: ModelLayout,
     embeddings: Embedding,
     blocks: Vec<Block>,
-    norm_f: RmsNorm,
-    lm_head: Linear,
+    head: LmHead,
 }
 
 impl Mamba2 {
@@ -151,8 +152,7 @@ impl Mamba2 {
             layout: ModelLayout::uniform(h, config.vocab_size, layer, config.num_hidden_layers),
             embeddings,
             blocks,
-            norm_f,
-            lm_head,
+            head: LmHead::new(norm_f, lm_head),
         })
     }
 }
@@ -177,15 +177,7 @@ impl CausalLm for Mamba2 {
         Ok(hidden)
     }
 
-    fn final_norm(&self, hidden: Tensor<3>) -> Tensor<3> {
-        self.norm_f.forward(hidden)
-    }
-
-    fn head(&self, normed: Tensor<3>) -> Tensor<3> {
-        self.lm_head.forward(normed)
-    }
-
-    fn final_norm_linearised(&self, reference: Tensor<3>, parts: Tensor<4>) -> Tensor<4> {
-        self.norm_f.linearised(reference, parts)
+    fn output_head(&self) -> &dyn OutputHead {
+        &self.head
     }
 }

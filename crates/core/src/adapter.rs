@@ -44,8 +44,16 @@ pub trait CausalLm: Send + Sync {
     /// returns the residual stream leaving the last block, `[B, T, H]`.
     fn forward(&self, call: &mut Call<'_>) -> Result<Tensor<3>>;
 
-    /// The final norm on a residual stream `[B, T, H]` (the engine serves its output as
-    /// `final_norm_output`; the logit lens applies it to every layer's output).
+    /// What turns the last residual stream into logits (`nn::LmHead` for a norm, a linear
+    /// head and any soft-cap).
+    fn output_head(&self) -> &dyn OutputHead;
+}
+
+/// What turns the residual stream leaving the last block into logits. The engine serves the
+/// final norm's output as `final_norm_output`, then applies the head and any soft-cap; the logit
+/// lens applies the same to every layer's output, and direct logit attribution its linear form.
+pub trait OutputHead: Send + Sync {
+    /// The final norm on a residual stream `[B, T, H]`.
     fn final_norm(&self, hidden: Tensor<3>) -> Tensor<3>;
 
     /// The language-model head on the final norm's output `[B, T, H]`: logits `[B, T, V]`,
@@ -53,10 +61,8 @@ pub trait CausalLm: Send + Sync {
     fn head(&self, normed: Tensor<3>) -> Tensor<3>;
 
     /// The cap of a final logit soft-cap, `cap · tanh(logits / cap)` (Gemma 2), if the model
-    /// has one; the engine applies it after [`CausalLm::head`]. None by default.
-    fn logit_softcap(&self) -> Option<f64> {
-        None
-    }
+    /// has one; the engine applies it after [`OutputHead::head`].
+    fn logit_softcap(&self) -> Option<f64>;
 
     /// The final norm of `reference` `[B, T, H]` applied to `parts` `[B, T, N, H]` with
     /// `reference`'s scale frozen and without the norm's bias: a linear map under which the

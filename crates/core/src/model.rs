@@ -6,7 +6,7 @@ use std::sync::Arc;
 
 use burn::tensor::{Device, Tensor};
 
-use crate::adapter::{Architecture, CausalLm};
+use crate::adapter::{Architecture, CausalLm, OutputHead};
 use crate::checkpoint::auto_dtype;
 use crate::config::{ArchConfig, parse_json};
 use crate::decoding::GenerationConfig;
@@ -288,39 +288,24 @@ impl Model {
         Ok(batch)
     }
 
+    /// What turns the last residual stream into logits: the final norm, the language-model
+    /// head and any final soft-cap.
+    pub fn output_head(&self) -> &dyn OutputHead {
+        self.network.output_head()
+    }
+
     /// A residual stream `[B, T, H]` through the model's final norm and language-model head,
     /// `[B, T, V]` logits: what the forward pass applies after the last layer.
     pub fn unembed(&self, hidden: Tensor<3>) -> Tensor<3> {
-        capped_logits(self.network.as_ref(), self.network.final_norm(hidden))
-    }
-
-    /// A residual stream `[B, T, H]` through the model's final norm alone.
-    pub fn final_norm(&self, hidden: Tensor<3>) -> Tensor<3> {
-        self.network.final_norm(hidden)
-    }
-
-    /// The final norm's output `[B, T, H]` through the language-model head, before any final
-    /// soft-cap: the logits direct logit attribution decomposes.
-    pub fn head_logits(&self, normed: Tensor<3>) -> Tensor<3> {
-        self.network.head(normed)
-    }
-
-    /// The final norm of `reference` `[B, T, H]` applied to `parts` `[B, T, N, H]` with its
-    /// scale frozen and without its bias (see [`CausalLm::final_norm_linearised`]).
-    pub fn final_norm_linearised(&self, reference: Tensor<3>, parts: Tensor<4>) -> Tensor<4> {
-        self.network.final_norm_linearised(reference, parts)
-    }
-
-    /// The final soft-cap of the logits, if the model has one.
-    pub fn logit_softcap(&self) -> Option<f64> {
-        self.network.logit_softcap()
+        let head = self.output_head();
+        capped_logits(head, head.final_norm(hidden))
     }
 }
 
-/// The final norm's output through `network`'s head and any final soft-cap: the logits.
-pub(crate) fn capped_logits(network: &dyn CausalLm, normed: Tensor<3>) -> Tensor<3> {
-    let logits = network.head(normed);
-    match network.logit_softcap() {
+/// The final norm's output through `head` and any final soft-cap: the logits.
+pub(crate) fn capped_logits(head: &dyn OutputHead, normed: Tensor<3>) -> Tensor<3> {
+    let logits = head.head(normed);
+    match head.logit_softcap() {
         Some(cap) => crate::nn::soft_cap(logits, cap),
         None => logits,
     }

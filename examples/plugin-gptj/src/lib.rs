@@ -18,11 +18,13 @@ use std::cell::OnceCell;
 use hookscope_core::burn::tensor::Tensor;
 use hookscope_core::config::{AttentionHeads, HeadDim, HeadKeys};
 use hookscope_core::nn::{
-    Activation, Embedding, LayerNorm, Linear, PlainMlp, RopeScaling, Rotary, ScoreRules,
+    Activation, Embedding, LayerNorm, Linear, LmHead, PlainMlp, RopeScaling, Rotary, ScoreRules,
     SoftmaxAttention, parallel_residual_block, project_heads,
 };
 use hookscope_core::schema::{FeedForwardKind, LayerSpec};
-use hookscope_core::{ArchConfig, Call, CausalLm, ModelLayout, Result, Site, WeightLoader};
+use hookscope_core::{
+    ArchConfig, Call, CausalLm, ModelLayout, OutputHead, Result, Site, WeightLoader,
+};
 use serde::Deserialize;
 
 /// `config.json` of a GPT-J checkpoint (the fields the forward pass depends on).
@@ -83,8 +85,7 @@ pub struct GptJ {
     rotary: Rotary,
     wte: Embedding,
     blocks: Vec<Block>,
-    ln_f: LayerNorm,
-    lm_head: Linear,
+    head: LmHead,
 }
 
 impl GptJ {
@@ -150,8 +151,7 @@ impl GptJ {
             rotary: Rotary::new(rotary_dim, THETA, RopeScaling::Default),
             wte,
             blocks,
-            ln_f,
-            lm_head,
+            head: LmHead::new(ln_f, lm_head),
         })
     }
 }
@@ -201,16 +201,8 @@ impl CausalLm for GptJ {
         Ok(hidden)
     }
 
-    fn final_norm(&self, hidden: Tensor<3>) -> Tensor<3> {
-        self.ln_f.forward(hidden)
-    }
-
-    fn head(&self, normed: Tensor<3>) -> Tensor<3> {
-        self.lm_head.forward(normed)
-    }
-
-    fn final_norm_linearised(&self, reference: Tensor<3>, parts: Tensor<4>) -> Tensor<4> {
-        self.ln_f.linearised(reference, parts)
+    fn output_head(&self) -> &dyn OutputHead {
+        &self.head
     }
 }
 

@@ -23,7 +23,7 @@ pub(crate) use decode_attention::attend as decode_attention;
 pub(crate) use elementwise::{SQRT_2_OVER_PI, exp, gelu_tanh, sigmoid, silu};
 pub(crate) use packed::PackedMatrix;
 pub use packed::{KERNELS_VARIABLE, check_kernel_choice, product_kernels};
-pub(crate) use packed_tensors::{embedding_rows, multiply, pack_view};
+pub(crate) use packed_tensors::{embedding_rows, multiply, multiply_inputs, pack_view};
 pub use pool::on_worker;
 pub(crate) use prompt_attention::attend as prompt_attention;
 pub(crate) use selective_scan::{ScanOperands, selective_scan};

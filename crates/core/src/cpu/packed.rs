@@ -28,10 +28,15 @@
 
 use std::ops::Range;
 
-use multiversion::{multiversion, target::selected_target};
+use multiversion::multiversion;
+#[cfg(target_arch = "x86_64")]
+use multiversion::target::selected_target;
 use rayon::prelude::*;
 
 use crate::precision::{MatmulPrecision, WeightDtype};
+
+#[cfg(target_arch = "aarch64")]
+mod neon;
 
 /// Output columns per packed panel: two AVX-512 vectors.
 pub(crate) const PANEL: usize = 32;
@@ -47,6 +52,7 @@ const ROW_BLOCK: usize = 16 * TILE_ROWS;
 /// at 128 tokens on GPT-2 small).
 const TASKS_PER_THREAD: usize = 8;
 /// Bytes of panel rows ahead of the kernel that it asks the cache to fetch.
+#[cfg(target_arch = "x86_64")]
 const PREFETCH_BYTES: usize = 2048;
 
 /// How a stored weight type is written into panels and read back.
@@ -211,17 +217,43 @@ impl PackedMatrix {
     /// # Panics
     /// If `x` or `bias` do not have the lengths the sizes imply (a caller bug).
     pub(crate) fn multiply(&self, x: &[f32], rows: usize, bias: Option<&[f32]>) -> Vec<f32> {
-        with_rows!(&self.panels, panels => self.multiply_rows(panels, x, rows, bias))
+        let x = Activations {
+            values: x,
+            rows,
+            inputs: 0..self.d_in,
+        };
+        with_rows!(&self.panels, panels => self.multiply_rows(panels, x, bias))
+    }
+
+    /// `x W[inputs, :]` for `x: [rows, inputs.len()]` row-major: the product of the matrix's
+    /// rows `inputs` alone (one attention head's slice of an output projection), without a
+    /// bias; `[rows, d_out]` row-major.
+    ///
+    /// # Panics
+    /// If `inputs` is not inside `0..d_in` or `x` does not have the length the sizes imply (a
+    /// caller bug).
+    pub(crate) fn multiply_inputs(&self, x: &[f32], rows: usize, inputs: Range<usize>) -> Vec<f32> {
+        assert!(inputs.end <= self.d_in, "input range");
+        let x = Activations {
+            values: x,
+            rows,
+            inputs,
+        };
+        with_rows!(&self.panels, panels => self.multiply_rows(panels, x, None))
     }
 
     fn multiply_rows<E: Element>(
         &self,
         panel_rows: &[PanelRow<E>],
-        x: &[f32],
-        rows: usize,
+        x: Activations<'_>,
         bias: Option<&[f32]>,
     ) -> Vec<f32> {
-        let (d_in, d_out) = (self.d_in, self.d_out);
+        let Activations {
+            values: x,
+            rows,
+            inputs,
+        } = x;
+        let (d_in, d_out) = (inputs.len(), self.d_out);
         assert_eq!(x.len(), rows * d_in, "activation length");
         if let Some(bias) = bias {
             assert_eq!(bias.len(), d_out, "bias length");
@@ -240,6 +272,8 @@ impl PackedMatrix {
             let mine = task * panels / tasks..(task + 1) * panels / tasks;
             let product = Product {
                 rows: panel_rows,
+                panel_depth: self.d_in,
+                first_input: inputs.start,
                 d_in,
                 d_out,
                 strips: &strips,
@@ -318,6 +352,14 @@ fn columns<E: Element>(rows: &[PanelRow<E>], d_in: usize, d_out: usize, ids: &[u
     values
 }
 
+/// A product's activations: `rows` rows of `inputs.len()` values, row-major, multiplied by the
+/// matrix's input rows `inputs`.
+struct Activations<'a> {
+    values: &'a [f32],
+    rows: usize,
+    inputs: Range<usize>,
+}
+
 /// The output buffer, shared by tasks that write disjoint columns of it.
 #[derive(Clone, Copy)]
 struct OutputPtr(*mut f32);
@@ -385,6 +427,8 @@ impl Strips {
 #[derive(Clone, Copy)]
 enum Strip<'a> {
     F32(&'a [f32]),
+    // Read by x86's bf16 pair kernel only.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
     Bf16Pairs(&'a [u32]),
 }
 
@@ -418,6 +462,11 @@ fn pack_strips<T: Copy + Default + Send + Sync>(
 struct Product<'a, E> {
     /// The weight's panel rows.
     rows: &'a [PanelRow<E>],
+    /// Rows of one panel (the matrix's inputs).
+    panel_depth: usize,
+    /// The matrix's first input row the product reads (0 unless it reads a range of them).
+    first_input: usize,
+    /// Inputs the product reads, from `first_input`.
     d_in: usize,
     d_out: usize,
     strips: &'a Strips,
@@ -449,7 +498,8 @@ impl<E: Element> Product<'_, E> {
                 for panel in panels.clone() {
                     let first_column = panel * PANEL;
                     let columns = PANEL.min(d_out - first_column);
-                    let weights = &self.rows[panel * d_in + depth_start..][..depth];
+                    let first = panel * self.panel_depth + self.first_input + depth_start;
+                    let weights = &self.rows[first..][..depth];
                     let bias = self
                         .bias
                         .map(|bias| &bias[first_column..first_column + columns]);
@@ -515,19 +565,23 @@ enum Kernel {
     /// f32 strips on AVX2 with FMA (and F16C, to widen f16 weights): rows in groups of three.
     #[cfg(target_arch = "x86_64")]
     Avx2,
+    /// f32 strips on aarch64's NEON (every aarch64 CPU): the AVX2 kernel's structure.
+    #[cfg(target_arch = "aarch64")]
+    Neon,
     Portable,
 }
 
 /// The environment variable that caps the product kernels' instruction-set family: `portable`,
-/// `avx2` or `avx512` (unset: the best this CPU has). A family the CPU lacks falls back to the
-/// best it has below it, so that `HOOKSCOPE_CPU_KERNELS=avx2` on an AVX-512 machine runs, and
-/// tests, the AVX2 kernels.
+/// `neon`, `avx2` or `avx512` (unset: the best this CPU has). A family the CPU lacks falls back
+/// to the best it has below it, so that `HOOKSCOPE_CPU_KERNELS=avx2` on an AVX-512 machine runs,
+/// and tests, the AVX2 kernels (and `portable` on aarch64 the portable ones).
 pub const KERNELS_VARIABLE: &str = "HOOKSCOPE_CPU_KERNELS";
 
 /// The instruction-set families of the product kernels, in order of capability.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
 enum Family {
     Portable,
+    Neon,
     Avx2,
     Avx512,
 }
@@ -538,9 +592,10 @@ fn parse_family(value: Option<&str>) -> Result<Family, String> {
     match value.map(str::trim) {
         None | Some("") | Some("avx512") => Ok(Family::Avx512),
         Some("avx2") => Ok(Family::Avx2),
+        Some("neon") => Ok(Family::Neon),
         Some("portable") => Ok(Family::Portable),
         Some(other) => Err(format!(
-            "{KERNELS_VARIABLE}={other}: expected portable, avx2 or avx512"
+            "{KERNELS_VARIABLE}={other}: expected portable, neon, avx2 or avx512"
         )),
     }
 }
@@ -580,6 +635,13 @@ impl Kernel {
                 return Kernel::Avx2;
             }
         }
+        // Only x86's bf16 pair kernel depends on the operands' precisions.
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = (precision, dtype);
+        #[cfg(target_arch = "aarch64")]
+        if kernel_cap().clone().unwrap_or(Family::Avx512) >= Family::Neon {
+            return Kernel::Neon;
+        }
         Kernel::Portable
     }
 
@@ -592,6 +654,8 @@ impl Kernel {
             Kernel::Avx512 => "avx512",
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx2 => "avx2",
+            #[cfg(target_arch = "aarch64")]
+            Kernel::Neon => "neon",
             Kernel::Portable => "portable",
         }
     }
@@ -638,6 +702,9 @@ impl Kernel {
             // SAFETY: `detect` found AVX2, FMA and F16C on this CPU.
             #[cfg(target_arch = "x86_64")]
             (Kernel::Avx2, Strip::F32(x)) => unsafe { tile_avx2(tile, x, height) },
+            // SAFETY: NEON is part of every aarch64 CPU; the strip and output are the tile's.
+            #[cfg(target_arch = "aarch64")]
+            (Kernel::Neon, Strip::F32(x)) => unsafe { neon::tile_neon(tile, x, height) },
             (Kernel::Portable, Strip::F32(x)) => by_height!(tile_portable, x),
             (kernel, _) => unreachable!("`Strips::pack` packs what {kernel:?} reads"),
         }
@@ -645,7 +712,7 @@ impl Kernel {
 }
 
 /// The kernel family that runs products of weights stored in `dtype` with activations in
-/// `precision` on this CPU: `avx512-bf16`, `avx512`, `avx2` or `portable` (what benchmark reports
+/// `precision` on this CPU: `avx512-bf16`, `avx512`, `avx2`, `neon` or `portable` (what benchmark reports
 /// name).
 pub fn product_kernels(precision: MatmulPrecision, dtype: WeightDtype) -> &'static str {
     Kernel::detect(precision, dtype).family()
@@ -1045,7 +1112,11 @@ unsafe fn store_avx2<const R: usize, E: Element>(
 /// the target has it).
 #[multiversion(targets("x86_64+avx2+fma"))]
 fn tile_portable<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f32]) {
+    #[cfg(target_arch = "x86_64")]
     const FUSED: bool = selected_target!().supports_feature_str("fma");
+    // Every aarch64 CPU fuses multiply-adds (NEON's `fmla`).
+    #[cfg(not(target_arch = "x86_64"))]
+    const FUSED: bool = cfg!(target_arch = "aarch64");
     let mut sums = [[0.0f32; PANEL]; R];
     let mut weights = [0.0f32; PANEL];
     for (row, x) in tile.weights.iter().zip(strip.chunks_exact(R)) {
@@ -1228,14 +1299,42 @@ mod tests {
         );
     }
 
+    /// The product of a range of the matrix's inputs alone (one head's rows of an output
+    /// projection) is the plain product of those rows: ranges at the start, inside and at the
+    /// end, over several input blocks and tiles, every storage precision.
+    #[test]
+    fn products_over_an_input_range_match_the_reference_on_those_rows() {
+        let (d_in, d_out) = (DEPTH_BLOCK * 2 + 9, 45);
+        let ranges = [0..7, 100..DEPTH_BLOCK + 170, 3..d_in, d_in - 1..d_in];
+        for (rows, dtype) in [1, 2, TILE_ROWS + 5]
+            .into_iter()
+            .flat_map(|r| [WeightDtype::F32, WeightDtype::Bf16, WeightDtype::F16].map(|d| (r, d)))
+        {
+            let w = matrix(d_in * d_out, 4);
+            let packed = PackedMatrix::pack(dtype, d_in, d_out, |k, n| w[k * d_out + n]);
+            for inputs in ranges.clone() {
+                let x = matrix(rows * inputs.len(), 5);
+                let slice: Vec<f32> = w[inputs.start * d_out..inputs.end * d_out]
+                    .iter()
+                    .map(|&v| dtype.round(v))
+                    .collect();
+                let exact = reference(&x, &slice, None, [rows, inputs.len(), d_out]);
+                let what = format!("{rows} rows, inputs {inputs:?}, {dtype}");
+                assert_close(&packed.multiply_inputs(&x, rows, inputs), &exact, &what);
+            }
+        }
+    }
+
     #[test]
     fn the_kernel_variable_caps_the_family_and_refuses_typos() {
         assert_eq!(parse_family(None), Ok(Family::Avx512));
         assert_eq!(parse_family(Some("avx2")), Ok(Family::Avx2));
         assert_eq!(parse_family(Some(" portable ")), Ok(Family::Portable));
+        assert_eq!(parse_family(Some("neon")), Ok(Family::Neon));
         let error = parse_family(Some("avx-2")).unwrap_err();
         assert!(error.contains("HOOKSCOPE_CPU_KERNELS=avx-2"), "{error}");
-        assert!(Family::Portable < Family::Avx2 && Family::Avx2 < Family::Avx512);
+        assert!(Family::Portable < Family::Neon && Family::Neon < Family::Avx2);
+        assert!(Family::Avx2 < Family::Avx512);
     }
 
     /// Every kernel of f32 strips this CPU can run, the portable one included.
@@ -1249,7 +1348,9 @@ mod tests {
                 (Kernel::Portable, true),
             ]
         };
-        #[cfg(not(target_arch = "x86_64"))]
+        #[cfg(target_arch = "aarch64")]
+        let kernels = [(Kernel::Neon, true), (Kernel::Portable, true)];
+        #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
         let kernels = [(Kernel::Portable, true)];
         kernels
             .into_iter()
@@ -1272,6 +1373,8 @@ mod tests {
         with_rows!(&packed.panels, panel_rows => {
             let product = Product {
                 rows: panel_rows,
+                panel_depth: packed.d_in,
+                first_input: 0,
                 d_in: packed.d_in,
                 d_out: packed.d_out,
                 strips: &strips,

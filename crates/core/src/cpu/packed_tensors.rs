@@ -2,6 +2,8 @@
 //! multiplying activations by a packed weight, and looking rows up in a packed embedding table.
 //! A packed weight exists only on the CPU backend, so these always apply once one does.
 
+use std::ops::Range;
+
 use burn::tensor::{Int, Tensor};
 
 use super::host::{contiguous_values, f32_primitive, from_host, to_host_f32};
@@ -39,6 +41,19 @@ pub(crate) fn multiply(packed: &PackedMatrix, x: Tensor<2>, bias: Option<&Tensor
         rows,
         bias.as_ref().map(contiguous_values),
     );
+    from_host(y, [rows, packed.d_out()])
+}
+
+/// `x W[inputs, :]` for `x` `[rows, inputs.len()]`, without a bias: `[rows, out]` (see
+/// [`PackedMatrix::multiply_inputs`]).
+pub(crate) fn multiply_inputs(
+    packed: &PackedMatrix,
+    x: Tensor<2>,
+    inputs: Range<usize>,
+) -> Tensor<2> {
+    let [rows, _] = x.dims();
+    let x = to_host_f32(x);
+    let y = packed.multiply_inputs(contiguous_values(&x), rows, inputs);
     from_host(y, [rows, packed.d_out()])
 }
 

@@ -68,6 +68,7 @@ impl SoftmaxAttention {
             heads: self.heads,
             kv_heads: self.kv_heads,
             head_dim: self.head_dim,
+            output_gate: false,
         }
     }
 
@@ -345,7 +346,20 @@ impl ProjectedAttention {
 
     /// The mixer kind a layout declares for this layer.
     pub fn kind(&self) -> MixerKind {
-        self.attention.kind()
+        match self.attention.kind() {
+            MixerKind::SoftmaxAttention {
+                heads,
+                kv_heads,
+                head_dim,
+                ..
+            } => MixerKind::SoftmaxAttention {
+                heads,
+                kv_heads,
+                head_dim,
+                output_gate: self.output_gate,
+            },
+            other => other,
+        }
     }
 
     /// Attends normalised `x` `[B, T, H]` with the call's rotary `(cos, sin)` (see
@@ -373,7 +387,7 @@ impl ProjectedAttention {
                 .forward(x.clone())
                 .reshape([batch, tokens, heads, 2 * head_dim]);
             let gate = both.clone().slice_dim(3, head_dim..2 * head_dim);
-            (both.slice_dim(3, 0..head_dim), Some(whole(gate)))
+            (both.slice_dim(3, 0..head_dim), Some(gate))
         } else {
             (per_head(self.q_proj.forward(x.clone()), heads), None)
         };
@@ -392,7 +406,10 @@ impl ProjectedAttention {
         let k = Rotary::apply(k.swap_dims(1, 2), cos, sin);
         let mixed = attention.forward(q, k, v.swap_dims(1, 2), call)?;
         let mixed = match gate {
-            Some(gate) => mixed * super::sigmoid(gate),
+            Some(gate) => {
+                let site = Site::self_attn(attention.layer, MixerSite::AttentionGate);
+                mixed * whole(call.visit(site, super::sigmoid(gate))?)
+            }
             None => mixed,
         };
         super::project_heads(attention.layer, heads, mixed, &self.o_proj, call)

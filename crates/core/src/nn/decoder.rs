@@ -10,8 +10,8 @@ use std::cell::OnceCell;
 
 use burn::tensor::Tensor;
 
-use super::{Embedding, GatedMlp, Linear, ProjectedAttention, RmsNorm, Rotary, SparseMoe};
-use crate::adapter::CausalLm;
+use super::{Embedding, GatedMlp, LmHead, ProjectedAttention, RmsNorm, Rotary, SparseMoe};
+use crate::adapter::{CausalLm, OutputHead};
 use crate::call::Call;
 use crate::error::Result;
 use crate::nn::residual_block;
@@ -147,8 +147,6 @@ pub struct DecoderOptions {
     /// The rotary of the sliding-window attention layers, where it differs from the others'
     /// (Gemma 3's local base).
     pub sliding_rotary: Option<Rotary>,
-    /// Soft-capping of the logits: `cap · tanh(logits / cap)` (Gemma 2).
-    pub logit_softcap: Option<f64>,
     /// A context length past which generation recomputes the whole sequence once, at the first
     /// step whose sequence outgrows it (Phi-3's `original_max_position_embeddings`: see
     /// [`CausalLm::recomputes`]).
@@ -163,10 +161,8 @@ pub struct DecoderParts<M, F> {
     pub rotary: Rotary,
     /// The layers, in order.
     pub layers: Vec<DecoderLayer<M, F>>,
-    /// The final norm.
-    pub norm: RmsNorm,
-    /// The language-model head.
-    pub lm_head: Linear,
+    /// The final norm, the language-model head and any final soft-cap.
+    pub head: LmHead,
     /// What the decoder does beyond Llama's.
     pub options: DecoderOptions,
 }
@@ -264,19 +260,7 @@ impl<M: Mixer, F: FeedForward> CausalLm for HybridDecoder<M, F> {
         Ok(hidden)
     }
 
-    fn final_norm(&self, hidden: Tensor<3>) -> Tensor<3> {
-        self.parts.norm.forward(hidden)
-    }
-
-    fn head(&self, normed: Tensor<3>) -> Tensor<3> {
-        self.parts.lm_head.forward(normed)
-    }
-
-    fn logit_softcap(&self) -> Option<f64> {
-        self.parts.options.logit_softcap
-    }
-
-    fn final_norm_linearised(&self, reference: Tensor<3>, parts: Tensor<4>) -> Tensor<4> {
-        self.parts.norm.linearised(reference, parts)
+    fn output_head(&self) -> &dyn OutputHead {
+        &self.parts.head
     }
 }

@@ -13,8 +13,8 @@ use crate::schema::{MixerSite, Site};
 ///
 /// When `layers.{layer}.self_attn.attention_head_writes` is observed, each head's write
 /// `[B, T, NH, H]` is its slice of the projection's matrix applied to its own output (one
-/// product over a block-diagonal input, so every head's numbers are the unmerged product's), and
-/// is served; if a request writes it, what flows on is the sum of the heads plus the
+/// product per head over that head's rows of the matrix: the projection's multiply-adds once
+/// more), and is served; if a request writes it, what flows on is the sum of the heads plus the
 /// projection's bias. Otherwise the projection runs as it always does.
 pub fn project_heads(
     layer: usize,
@@ -29,12 +29,14 @@ pub fn project_heads(
     }
     let [batch, tokens, width] = merged.dims();
     let head_dim = width / heads;
-    let per_head: Tensor<5> = merged.clone().reshape([batch, tokens, 1, heads, head_dim]);
-    // [1, 1, NH, NH, 1]: head h keeps only its own slot of the merged axis.
-    let own_slot: Tensor<5> =
-        Tensor::<2>::eye(heads, &per_head.device()).reshape([1, 1, heads, heads, 1]);
-    let isolated = (per_head * own_slot).reshape([batch, tokens, heads, width]);
-    let writes = projection.forward_without_bias(isolated);
+    let writes: Vec<Tensor<3>> = (0..heads)
+        .map(|head| {
+            let inputs = head * head_dim..(head + 1) * head_dim;
+            let own = merged.clone().slice_dim(2, inputs.clone());
+            projection.forward_inputs(own, inputs)
+        })
+        .collect();
+    let writes: Tensor<4> = Tensor::stack(writes, 2);
     let written = call.writes(site);
     let writes = call.visit(site, writes)?;
     if !written {

@@ -7,6 +7,7 @@
 //! burn tensor: a torch `[out, in]` matrix used through a transposed view, which burn's matmul
 //! reads directly (burn's `linear` would copy it on every call).
 
+use std::ops::Range;
 use std::sync::Arc;
 
 use burn::tensor::Tensor;
@@ -228,6 +229,28 @@ impl Linear {
     /// Applies the map's matrix alone, without its bias, to the last axis.
     pub fn forward_without_bias<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         self.apply(x, None)
+    }
+
+    /// The matrix's input rows `inputs` alone, without the bias, applied to the last axis of
+    /// `x` (`inputs.len()` wide): one attention head's share of an output projection.
+    ///
+    /// # Panics
+    /// If `inputs` is not inside `0..d_in` or `x`'s last axis is not `inputs.len()` wide (a
+    /// caller bug).
+    pub fn forward_inputs<const D: usize>(&self, x: Tensor<D>, inputs: Range<usize>) -> Tensor<D> {
+        let mut dims = x.dims();
+        assert_eq!(dims[D - 1], inputs.len(), "input width");
+        let rows = dims[..D - 1].iter().product::<usize>();
+        let x = x.reshape([rows, inputs.len()]);
+        dims[D - 1] = self.d_out();
+        let y = match &self.weight {
+            Weight::Packed(packed) => cpu::multiply_inputs(packed, x, inputs),
+            Weight::Tensor(weight) => {
+                let d_out = self.d_out();
+                x.matmul(weight.clone().slice([inputs, 0..d_out]))
+            }
+        };
+        y.reshape(dims)
     }
 
     /// `x W (+ bias)` over the last axis.

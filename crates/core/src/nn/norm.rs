@@ -33,7 +33,7 @@ impl LayerNorm {
     /// The norm of `reference` `[B, T, H]` applied to `parts` `[B, T, N, H]` with the
     /// reference's standard deviation frozen and without the bias: each part centred, divided
     /// by the reference's `sqrt(var + eps)`, times the weight (see
-    /// [`crate::adapter::CausalLm::final_norm_linearised`]).
+    /// [`crate::adapter::OutputHead::final_norm_linearised`]).
     pub fn linearised(&self, reference: Tensor<3>, parts: Tensor<4>) -> Tensor<4> {
         let (variance, _) = reference.var_mean_bias(2);
         let scale = (variance + self.eps).sqrt().recip().unsqueeze_dim::<4>(2);
@@ -77,7 +77,7 @@ impl RmsNorm {
 
     /// The norm of `reference` `[B, T, H]` applied to `parts` `[B, T, N, H]` with the
     /// reference's root mean square frozen (see
-    /// [`crate::adapter::CausalLm::final_norm_linearised`]).
+    /// [`crate::adapter::OutputHead::final_norm_linearised`]).
     pub fn linearised(&self, reference: Tensor<3>, parts: Tensor<4>) -> Tensor<4> {
         let mean_square = reference.powi_scalar(2).mean_dim(2);
         let scale = (mean_square + self.eps)

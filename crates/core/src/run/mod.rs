@@ -291,8 +291,9 @@ impl RunState<'_> {
         }
         let mut call = Call::new(input_ids, feed.key_mask, &mut self.cache, hooks);
         let hidden = network.forward(&mut call)?;
-        let normed = call.visit(Site::FinalNormOutput, network.final_norm(hidden))?;
-        let logits = call.visit(Site::Logits, capped_logits(network, normed))?;
+        let head = network.output_head();
+        let normed = call.visit(Site::FinalNormOutput, head.final_norm(hidden))?;
+        let logits = call.visit(Site::Logits, capped_logits(head, normed))?;
         let [_, _, vocab] = logits.dims();
         let last: Tensor<2> = logits
             .clone()

@@ -13,6 +13,9 @@ pub enum MixerKind {
         kv_heads: usize,
         /// Head dimension (`D`).
         head_dim: usize,
+        /// Whether a sigmoid gate multiplies each head's output before the output projection
+        /// (Qwen3-Next's and Qwen3.5's gated attention; served as `attention_gate`).
+        output_gate: bool,
     },
     /// Mamba-1 selective scan.
     Mamba1 {
@@ -45,7 +48,12 @@ impl MixerKind {
     /// Human-readable name used in errors and listings.
     pub fn describe(&self) -> &'static str {
         match self {
-            MixerKind::SoftmaxAttention { .. } => "softmax attention",
+            MixerKind::SoftmaxAttention {
+                output_gate: false, ..
+            } => "softmax attention",
+            MixerKind::SoftmaxAttention {
+                output_gate: true, ..
+            } => "gated softmax attention",
             MixerKind::Mamba1 { .. } => "Mamba-1",
             MixerKind::Mamba2 { .. } => "Mamba-2",
             MixerKind::GatedDeltaNet { .. } => "Gated DeltaNet",
@@ -66,7 +74,7 @@ impl MixerKind {
     }
 
     /// One mixer of every kind (dimensions zero): what the schema's documentation lists.
-    pub fn every_kind() -> [MixerKind; 4] {
+    pub fn every_kind() -> [MixerKind; 5] {
         // Matching here makes adding a kind without listing it a compile error.
         let kind = |k: MixerKind| match k {
             MixerKind::SoftmaxAttention { .. }
@@ -79,6 +87,13 @@ impl MixerKind {
                 heads: 0,
                 kv_heads: 0,
                 head_dim: 0,
+                output_gate: false,
+            }),
+            kind(MixerKind::SoftmaxAttention {
+                heads: 0,
+                kv_heads: 0,
+                head_dim: 0,
+                output_gate: true,
             }),
             kind(MixerKind::Mamba1 { inner: 0, state: 0 }),
             kind(MixerKind::Mamba2 {
@@ -197,6 +212,7 @@ impl LayerSpec {
             heads,
             kv_heads,
             head_dim,
+            output_gate: false,
         };
         LayerSpec::new(mixer, feed_forward)
     }

@@ -24,11 +24,13 @@ pub enum MixerSite {
     /// What each head adds to the residual stream: its slice of the output projection applied
     /// to its (gated) output.
     AttentionHeadWrites,
+    /// Gated attention's output gate, which multiplies each head's output.
+    AttentionGate,
 }
 
 impl MixerSite {
     /// Every mixer site, in a fixed order (not the call order of any one mixer).
-    pub const ALL: [MixerSite; 9] = [
+    pub const ALL: [MixerSite; 10] = [
         MixerSite::AttentionQueries,
         MixerSite::AttentionKeys,
         MixerSite::AttentionValues,
@@ -38,6 +40,7 @@ impl MixerSite {
         MixerSite::StateOutput,
         MixerSite::AttentionHeadOutputs,
         MixerSite::AttentionHeadWrites,
+        MixerSite::AttentionGate,
     ];
 
     /// This site's place in [`MixerSite::ALL`] (its declaration order): a dense index with no
@@ -58,6 +61,7 @@ impl MixerSite {
             MixerSite::StateOutput => "state_output",
             MixerSite::AttentionHeadOutputs => "attention_head_outputs",
             MixerSite::AttentionHeadWrites => "attention_head_writes",
+            MixerSite::AttentionGate => "attention_gate",
         }
     }
 

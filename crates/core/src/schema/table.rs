@@ -196,6 +196,34 @@ const SOFTMAX_ATTENTION: [SiteRow<MixerSite>; 7] = [
     ),
 ];
 
+const ATTENTION_GATE: SiteRow<MixerSite> = row(
+    AttentionGate,
+    &[B, T, NH, D],
+    "gated attention's output gate, `sigmoid` of the query projection's gate half (Qwen3-Next, \
+     Qwen3.5): multiplies each head's output before the output projection; a write changes what \
+     the heads pass on",
+);
+
+/// Softmax attention with an output gate: the gate between the head outputs it multiplies and
+/// the head writes it feeds.
+const GATED_SOFTMAX_ATTENTION: [SiteRow<MixerSite>; 8] = {
+    let rows = SOFTMAX_ATTENTION;
+    let [.., outputs, writes] = rows;
+    assert!(
+        matches!(outputs.site, AttentionHeadOutputs) && matches!(writes.site, AttentionHeadWrites)
+    );
+    [
+        rows[0],
+        rows[1],
+        rows[2],
+        rows[3],
+        rows[4],
+        outputs,
+        ATTENTION_GATE,
+        writes,
+    ]
+};
+
 const MAMBA1: [SiteRow<MixerSite>; 3] = [
     row(
         StateInput,
@@ -334,7 +362,12 @@ impl MixerKind {
     /// The mixer's interior sites in call order, with shapes and meanings.
     pub fn table(&self) -> &'static [SiteRow<MixerSite>] {
         match self {
-            MixerKind::SoftmaxAttention { .. } => &SOFTMAX_ATTENTION,
+            MixerKind::SoftmaxAttention {
+                output_gate: false, ..
+            } => &SOFTMAX_ATTENTION,
+            MixerKind::SoftmaxAttention {
+                output_gate: true, ..
+            } => &GATED_SOFTMAX_ATTENTION,
             MixerKind::Mamba1 { .. } => &MAMBA1,
             MixerKind::Mamba2 { .. } => &MAMBA2,
             MixerKind::GatedDeltaNet { .. } => &GATED_DELTANET,

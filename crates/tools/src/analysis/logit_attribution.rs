@@ -153,7 +153,9 @@ pub fn logit_attribution(
     let count = parts.vectors.len();
     let layers_places = parts.layers;
     let stacked: Tensor<4> = vector(parts.vectors.concat(), count).reshape([1, 1, count, hidden]);
-    let linearised = model.final_norm_linearised(vector(residual, 1), stacked);
+    let linearised = model
+        .output_head()
+        .final_norm_linearised(vector(residual, 1), stacked);
     let linearised: Tensor<3> = linearised.reshape([1, count, hidden]);
     // The norm's bias: its output less the frozen-scale images of the parts.
     let summands = parts.summands.len();
@@ -163,7 +165,7 @@ pub fn logit_attribution(
     let bias = vector(normed.clone(), 1) - linear_sum;
     let zeros = Tensor::<3>::zeros([1, 1, hidden], device);
     let rows = Tensor::cat(vec![linearised, bias, vector(normed, 1), zeros], 1);
-    let logits = f32_values(model.head_logits(rows).into_data())?;
+    let logits = f32_values(model.output_head().head(rows).into_data())?;
     let vocab = layout.vocab;
     let read = |row: usize| -> f32 {
         let at = |token: u32| logits[row * vocab + token as usize];

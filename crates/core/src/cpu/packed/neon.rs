@@ -1,0 +1,231 @@
+//! The aarch64 NEON product kernel: the AVX2 kernel's structure on 32 registers of four floats.
+//!
+//! A tile of one or two rows (a decode step) runs in one pass over whole panel rows (`2 x 32`
+//! sums in 16 registers beside the 8 of a widened panel row), streaming each weight once;
+//! taller tiles run in passes of up to [`NEON_ROWS`] rows and half a panel's columns (`6 x 16`
+//! sums in 24 registers, beside the 4 of a half panel row and one vector of activations), each
+//! over the whole block of panel rows, which stays in L1 between passes. bf16 weights widen
+//! with one shift or mask per four columns; f16 weights by integer moves and one multiply (no
+//! half-precision arithmetic is needed, so every ARMv8 CPU runs it).
+//!
+//! Speed on aarch64 is not measured here (the project's machines are x86_64; these kernels are
+//! checked under qemu, which says nothing of speed): they keep the register budget and loop
+//! shape of the AVX2 kernel that was measured.
+
+use std::arch::aarch64::*;
+
+use super::{Element, PANEL, PanelRow, Start, Tile, store_scalar};
+use crate::precision::WeightDtype;
+
+/// Rows one pass keeps in registers: `6 x 16` sums (half a panel) in 24 of the 32 vector
+/// registers.
+const NEON_ROWS: usize = 6;
+
+/// Floats in a NEON register.
+const LANES: usize = 4;
+
+/// Registers of half a panel row, widened.
+const HALF: usize = PANEL / 2 / LANES;
+
+/// The NEON kernel for a tile of `height` rows.
+///
+/// # Safety
+/// `strip` must hold `tile.weights.len() * height` floats, and `tile.output` must address
+/// `height` rows of `tile.columns` writable floats, `tile.stride` apart. (NEON is part of
+/// every aarch64 CPU.)
+pub(super) unsafe fn tile_neon<E: Element>(tile: &Tile<'_, E>, strip: &[f32], height: usize) {
+    debug_assert_eq!(strip.len(), tile.weights.len() * height);
+    // SAFETY (all calls): the caller's contract, for the rows each pass names.
+    match height {
+        1 => return unsafe { whole_panel::<1, E>(tile, strip) },
+        2 => return unsafe { whole_panel::<2, E>(tile, strip) },
+        _ => {}
+    }
+    let halves = tile.columns.div_ceil(PANEL / 2);
+    for first in (0..height).step_by(NEON_ROWS) {
+        let rows = (height - first).min(NEON_ROWS);
+        for half in 0..halves {
+            let pass = Pass {
+                height,
+                first,
+                half,
+            };
+            unsafe {
+                match rows {
+                    1 => half_pass::<1, E>(tile, strip, pass),
+                    2 => half_pass::<2, E>(tile, strip, pass),
+                    3 => half_pass::<3, E>(tile, strip, pass),
+                    4 => half_pass::<4, E>(tile, strip, pass),
+                    5 => half_pass::<5, E>(tile, strip, pass),
+                    _ => half_pass::<NEON_ROWS, E>(tile, strip, pass),
+                }
+            }
+        }
+    }
+}
+
+/// Which part of a tile one pass computes.
+#[derive(Clone, Copy)]
+struct Pass {
+    /// The tile's rows (the strip's width).
+    height: usize,
+    /// The pass's first row.
+    first: usize,
+    /// Columns `16 * half..16 * half + 16` of the panel.
+    half: usize,
+}
+
+/// A tile of `R` (one or two) rows over whole panel rows: `R x 32` sums in `8R` registers.
+///
+/// # Safety
+/// As [`tile_neon`], with `height == R`.
+unsafe fn whole_panel<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f32]) {
+    // SAFETY: NEON is always present on aarch64.
+    let mut sums = [[[unsafe { vdupq_n_f32(0.0) }; HALF]; 2]; R];
+    for (row, x) in tile.weights.iter().zip(strip.as_chunks::<R>().0) {
+        let halves = [widen_half(row, 0), widen_half(row, 1)];
+        for (sum, &x) in sums.iter_mut().zip(x) {
+            for (sum, weights) in sum.iter_mut().zip(&halves) {
+                for (s, w) in sum.iter_mut().zip(weights) {
+                    // SAFETY: NEON is always present on aarch64.
+                    *s = unsafe { vfmaq_n_f32(*s, *w, x) };
+                }
+            }
+        }
+    }
+    for half in 0..tile.columns.div_ceil(PANEL / 2) {
+        let pass = Pass {
+            height: R,
+            first: 0,
+            half,
+        };
+        // SAFETY: the caller's contract.
+        unsafe { store(sums.map(|sum| sum[half]), tile, pass) }
+    }
+}
+
+/// Rows `first..first + R`, one half panel, of a tile: `R x 16` sums in `4R` registers, one
+/// rank-1 update per input.
+///
+/// # Safety
+/// As [`tile_neon`], with `first + R <= height`.
+unsafe fn half_pass<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f32], pass: Pass) {
+    let Pass {
+        height,
+        first,
+        half,
+    } = pass;
+    // SAFETY: NEON is always present on aarch64.
+    let mut sums = [[unsafe { vdupq_n_f32(0.0) }; HALF]; R];
+    for (row, x) in tile.weights.iter().zip(strip.chunks_exact(height)) {
+        let weights = widen_half(row, half);
+        for (sum, &x) in sums.iter_mut().zip(&x[first..first + R]) {
+            for (s, w) in sum.iter_mut().zip(&weights) {
+                // SAFETY: NEON is always present on aarch64.
+                *s = unsafe { vfmaq_n_f32(*s, *w, x) };
+            }
+        }
+    }
+    // SAFETY: the caller's contract.
+    unsafe { store(sums, tile, pass) }
+}
+
+/// Columns `16 * half..16 * half + 16` of a panel row widened to f32, four a register.
+#[inline(always)]
+fn widen_half<E: Element>(row: &PanelRow<E>, half: usize) -> [float32x4_t; HALF] {
+    let bytes = row.0.as_ptr().cast::<u8>();
+    // SAFETY: a panel row is 64-byte aligned and holds 32 elements (128 bytes of f32, 64 of
+    // bf16/f16), `half` is 0 or 1: every load below stays inside it. NEON is always present.
+    unsafe {
+        match E::DTYPE {
+            WeightDtype::F32 => {
+                let at = bytes.add(64 * half).cast::<f32>();
+                std::array::from_fn(|v| vld1q_f32(at.add(LANES * v)))
+            }
+            // Lane `j` holds column `j` in its low half and `16 + j` in its high half
+            // (`Element::slot`); a bf16 is the high half of the f32 it rounds.
+            WeightDtype::Bf16 => {
+                let at = bytes.cast::<u32>();
+                std::array::from_fn(|v| {
+                    let lanes = vld1q_u32(at.add(LANES * v));
+                    vreinterpretq_f32_u32(match half {
+                        0 => vshlq_n_u32::<16>(lanes),
+                        _ => vandq_u32(lanes, vdupq_n_u32(0xffff_0000)),
+                    })
+                })
+            }
+            WeightDtype::F16 => {
+                let at = bytes.add(32 * half).cast::<u16>();
+                std::array::from_fn(|v| f16_to_f32(vld1_u16(at.add(LANES * v))))
+            }
+        }
+    }
+}
+
+/// Four f16 bit patterns widened exactly to f32: the magnitude's bits moved into an f32's
+/// place and scaled by `2^112` (which rebiases the exponent and normalises subnormals), infinities
+/// and NaNs given the f32 exponent of all ones, then the sign.
+#[inline(always)]
+fn f16_to_f32(bits: uint16x4_t) -> float32x4_t {
+    // SAFETY: NEON is always present on aarch64.
+    unsafe {
+        let h = vmovl_u16(bits);
+        let sign = vshlq_n_u32::<16>(vandq_u32(h, vdupq_n_u32(0x8000)));
+        let magnitude = vshlq_n_u32::<13>(vandq_u32(h, vdupq_n_u32(0x7fff)));
+        let scaled = vmulq_f32(
+            vreinterpretq_f32_u32(magnitude),
+            vdupq_n_f32(f32::from_bits(0x7780_0000)), // 2^112
+        );
+        let special = vceqq_u32(vandq_u32(h, vdupq_n_u32(0x7c00)), vdupq_n_u32(0x7c00));
+        let non_finite = vorrq_u32(magnitude, vdupq_n_u32(0x7f80_0000));
+        let value = vbslq_u32(special, non_finite, vreinterpretq_u32_f32(scaled));
+        vreinterpretq_f32_u32(vorrq_u32(value, sign))
+    }
+}
+
+/// Adds a pass's sums to their start (bias, zero or the partial sums) and stores them.
+///
+/// # Safety
+/// `tile.output` must address rows `first..first + R` of `tile.columns` writable floats,
+/// `tile.stride` apart.
+#[inline(always)]
+unsafe fn store<const R: usize, E: Element>(
+    sums: [[float32x4_t; HALF]; R],
+    tile: &Tile<'_, E>,
+    pass: Pass,
+) {
+    let offset = pass.half * PANEL / 2;
+    let columns = tile.columns.saturating_sub(offset).min(PANEL / 2);
+    for (r, sum) in sums.iter().enumerate() {
+        // SAFETY: row `first + r` of the tile (the caller's contract), from the half's column.
+        let out = unsafe { tile.output.add((pass.first + r) * tile.stride + offset) };
+        // The half's own columns of the bias.
+        let start = match tile.start {
+            Start::Bias(bias) => Start::Bias(bias.map(|bias| &bias[offset..offset + columns])),
+            Start::Accumulate => Start::Accumulate,
+        };
+        if columns == PANEL / 2 {
+            for (v, sum) in sum.iter().enumerate() {
+                // SAFETY: a whole half panel: 16 writable floats in the row, 16 in the bias.
+                unsafe {
+                    let at = out.add(LANES * v);
+                    let base = match start {
+                        Start::Accumulate => vld1q_f32(at),
+                        Start::Bias(Some(bias)) => vld1q_f32(bias.as_ptr().add(LANES * v)),
+                        Start::Bias(None) => vdupq_n_f32(0.0),
+                    };
+                    vst1q_f32(at, vaddq_f32(*sum, base));
+                }
+            }
+        } else {
+            // A matrix's last, partial panel: through a buffer, its `columns` values only.
+            let mut lanes = [0.0f32; PANEL / 2];
+            for (v, sum) in sum.iter().enumerate() {
+                // SAFETY: `lanes` holds 16 floats.
+                unsafe { vst1q_f32(lanes.as_mut_ptr().add(LANES * v), *sum) };
+            }
+            // SAFETY: `columns` writable floats from `out` (the caller's contract).
+            unsafe { store_scalar(out, &lanes[..columns], start) }
+        }
+    }
+}
