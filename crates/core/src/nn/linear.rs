@@ -223,12 +223,11 @@ impl Linear {
 
     /// Applies the map to the last axis.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        self.apply(x, self.bias.as_ref())
-    }
-
-    /// Applies the map's matrix alone, without its bias, to the last axis.
-    pub fn forward_without_bias<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        self.apply(x, None)
+        let bias = self.bias.as_ref();
+        over_rows(x, self.d_out(), |x| match &self.weight {
+            Weight::Packed(packed) => cpu::multiply(packed, x, bias),
+            Weight::Tensor(weight) => burn_forward(x, weight, bias),
+        })
     }
 
     /// The matrix's input rows `inputs` alone, without the bias, applied to the last axis of
@@ -238,39 +237,27 @@ impl Linear {
     /// If `inputs` is not inside `0..d_in` or `x`'s last axis is not `inputs.len()` wide (a
     /// caller bug).
     pub fn forward_inputs<const D: usize>(&self, x: Tensor<D>, inputs: Range<usize>) -> Tensor<D> {
-        let mut dims = x.dims();
-        assert_eq!(dims[D - 1], inputs.len(), "input width");
-        let rows = dims[..D - 1].iter().product::<usize>();
-        let x = x.reshape([rows, inputs.len()]);
-        dims[D - 1] = self.d_out();
-        let y = match &self.weight {
+        assert_eq!(x.dims()[D - 1], inputs.len(), "input width");
+        let d_out = self.d_out();
+        over_rows(x, d_out, |x| match &self.weight {
             Weight::Packed(packed) => cpu::multiply_inputs(packed, x, inputs),
-            Weight::Tensor(weight) => {
-                let d_out = self.d_out();
-                x.matmul(weight.clone().slice([inputs, 0..d_out]))
-            }
-        };
-        y.reshape(dims)
+            Weight::Tensor(weight) => x.matmul(weight.clone().slice([inputs, 0..d_out])),
+        })
     }
+}
 
-    /// `x W (+ bias)` over the last axis.
-    fn apply<const D: usize>(&self, x: Tensor<D>, bias: Option<&Tensor<1>>) -> Tensor<D> {
-        let mut dims = x.dims();
-        let d_in = dims[D - 1];
-        let rows = dims[..D - 1].iter().product::<usize>();
-        let x = x.reshape([rows, d_in]);
-        let y = match &self.weight {
-            Weight::Packed(packed) => {
-                dims[D - 1] = packed.d_out();
-                cpu::multiply(packed, x, bias)
-            }
-            Weight::Tensor(weight) => {
-                dims[D - 1] = weight.dims()[1];
-                burn_forward(x, weight, bias)
-            }
-        };
-        y.reshape(dims)
-    }
+/// `product` on `x` with every leading axis folded into the rows of one `[rows, in]` matrix,
+/// the result `[rows, d_out]` unfolded again.
+fn over_rows<const D: usize>(
+    x: Tensor<D>,
+    d_out: usize,
+    product: impl FnOnce(Tensor<2>) -> Tensor<2>,
+) -> Tensor<D> {
+    let mut dims = x.dims();
+    let rows = dims[..D - 1].iter().product::<usize>();
+    let y = product(x.reshape([rows, dims[D - 1]]));
+    dims[D - 1] = d_out;
+    y.reshape(dims)
 }
 
 /// `x W + b` through burn's matmul.
@@ -334,6 +321,42 @@ mod tests {
                 for (a, b) in folded.iter().zip(&expected) {
                     assert!((a - b).abs() < 1e-5, "{rows} rows: {a} vs {b}");
                 }
+            }
+        }
+    }
+
+    /// A range of the matrix's inputs alone, packed and as a burn tensor (the other backends'
+    /// form), agrees with burn's matmul on those rows of the matrix, without the bias.
+    #[test]
+    fn input_ranges_match_burn_matmul_on_those_rows() {
+        let (d_in, d_out) = (24, 40);
+        let weight = random([d_in, d_out], 5);
+        let bias = Some(random([1, d_out], 6).reshape([d_out]));
+        let maps = [
+            Linear {
+                weight: Weight::new(weight.clone()),
+                bias: bias.clone(),
+            },
+            Linear {
+                weight: Weight::Tensor(Box::new(weight.clone())),
+                bias,
+            },
+        ];
+        for (map, inputs) in maps
+            .iter()
+            .flat_map(|m| [(m, 0..8), (m, 8..24), (m, 23..24)])
+        {
+            let x = random([3, inputs.len()], 7);
+            let expected = x
+                .clone()
+                .matmul(weight.clone().slice([inputs.clone(), 0..d_out]));
+            let got = map
+                .forward_inputs(x.reshape([1, 3, inputs.len()]), inputs.clone())
+                .reshape([3, d_out]);
+            let got = got.into_data().try_to_vec::<f32>().unwrap();
+            let expected = expected.into_data().try_to_vec::<f32>().unwrap();
+            for (a, b) in got.iter().zip(&expected) {
+                assert!((a - b).abs() < 1e-5, "inputs {inputs:?}: {a} vs {b}");
             }
         }
     }
