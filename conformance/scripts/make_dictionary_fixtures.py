@@ -9,6 +9,16 @@ with `save_model` under `dictionaries/<name>/` (and one in Gemma Scope's `params
 writes the expected results to `dictionaries.safetensors` and the cases in hookscope's own
 argument syntax to `dictionaries.json`. The Rust test compares against them, so CI needs no Python.
 
+It also makes circuit-tracer's per-layer transcoder sets (a folder with `config.yaml` and one
+transcoder per layer: circuit-tracer's own `layer_L.safetensors`, or Gemma Scope `params.npz`
+files the config lists), loads each with circuit-tracer's own loaders, and takes the references
+from them: features, reconstructions and errors of every layer, and a feature ablated at every
+step. circuit-tracer 0.5 pins huggingface-hub < 1, which transformers 5 does not allow, so it is
+installed without its dependencies (its transcoder code needs only torch, numpy, safetensors
+and PyYAML):
+
+    pip install torch "transformers==5.24.*" sae-lens pyyaml
+    pip install --no-deps circuit-tracer==0.5.0
     python conformance/scripts/make_dictionary_fixtures.py
 
 For every dictionary the reference keeps, at the prompt call of the fixture's first prompt, the
@@ -21,6 +31,7 @@ last-position logits, as make_edit_fixtures.py does.
 
 import json
 import os
+import shutil
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # nothing here downloads; make sure of it
 
@@ -47,6 +58,15 @@ from sae_lens import (
 )
 from sae_lens.loading.pretrained_sae_loaders import handle_config_defaulting
 from sae_lens.saes.sae import SAEMetadata
+
+import yaml
+import huggingface_hub.constants
+
+# circuit-tracer 0.5 reads a constant huggingface-hub 1.x no longer has; it only matters for
+# downloads, which nothing here does.
+huggingface_hub.constants.HF_HUB_ENABLE_HF_TRANSFER = False
+from circuit_tracer.transcoder.single_layer_transcoder import load_transcoder_set  # noqa: E402
+from circuit_tracer.utils.hf_utils import resolve_transcoder_paths  # noqa: E402
 
 # The step counter and the greedy generation the edit references are made with.
 from make_edit_fixtures import FIXTURES, NEW_TOKENS, Steps, generate
@@ -89,6 +109,30 @@ DICTIONARIES = {
         # Gemma Scope's SAEs do not subtract b_dec from the input; the npz twin is made from this one.
         {"name": "resid-jumprelu", "arch": "jumprelu", "site": "layers.1.layer_output", "b_dec_in": False,
          "npz": "resid-jumprelu-npz"},
+    ],
+}
+
+# circuit-tracer's per-layer transcoder sets. `input_hook` / `output_hook` are the config's hooks
+# (TransformerLens names without `blocks.L.`); `input` / `output` the values they stand for in
+# `hook_site` terms; `layers` each layer's SAELens architecture (the weights are made with SAELens
+# and written in circuit-tracer's layout); `listing`: how config.yaml names the files (None: it
+# lists none and the layer files lie beside it; "paths": a list of paths; "entries": the older
+# {id, layer, filepath} mappings); `npz`: the layers are Gemma Scope params.npz files.
+TRANSCODER_SETS = {
+    "gpt2-tied": [
+        {"name": "ct-gpt2-normalized", "input_hook": "ln2.hook_normalized", "output_hook": "hook_mlp_out",
+         "input": "ln2_normalized", "output": "mlp_output",
+         "layers": ["skip_transcoder", "jumprelu_transcoder", "skip_transcoder"], "listing": "paths"},
+    ],
+    "llama-gqa2-llama3-bias": [
+        {"name": "ct-llama", "input_hook": "mlp.hook_in", "output_hook": "mlp.hook_out",
+         "input": "mlp_input", "output": "mlp_output",
+         "layers": ["skip_transcoder", "jumprelu_transcoder"], "listing": None},
+    ],
+    "gemma2-window-softcap": [
+        {"name": "ct-gemma-scope", "input_hook": "ln2.hook_normalized", "output_hook": "hook_mlp_out",
+         "input": "ln2_normalized", "output": "mlp_output",
+         "layers": ["jumprelu_transcoder"] * 3, "listing": "entries", "npz": True},
     ],
 }
 
@@ -146,7 +190,25 @@ def hook_site(model, site, fn):
             return None if new is None else (new.reshape(b, t, width),) + tuple(args[1:])
 
         return projection.register_forward_pre_hook(pre_projection)
-    module = {"layer_output": block, "attention_output": attention, "mlp_output": block.mlp}[kind]
+    if kind in ("mlp_input", "ln2_normalized"):
+        # What the MLP reads (its pre-norm's output), or that norm's arithmetic alone on the
+        # norm's input (TransformerLens' ln2.hook_normalized with fold_ln=False). Read only.
+        norm = next(getattr(block, n) for n in ("pre_feedforward_layernorm", "post_attention_layernorm", "ln_2")
+                    if hasattr(block, n))
+
+        def read(module, args):
+            x = args[0]
+            if module is block.mlp:
+                fn(x)
+            elif isinstance(norm, torch.nn.LayerNorm):
+                fn(torch.nn.functional.layer_norm(x, norm.normalized_shape, eps=norm.eps))
+            else:
+                fn(norm._norm(x.float()))
+
+        return (block.mlp if kind == "mlp_input" else norm).register_forward_pre_hook(read)
+    # mlp_output is what the block adds: after Gemma's post-feedforward norm where there is one.
+    mlp_out = getattr(block, "post_feedforward_layernorm", None) or block.mlp
+    module = {"layer_output": block, "attention_output": attention, "mlp_output": mlp_out}[kind]
 
     def post(_module, _args, output):
         value = output[0] if isinstance(output, tuple) else output
@@ -350,6 +412,143 @@ def gemma_scope_round_trip(path, reference):
     return sae
 
 
+def circuit_tracer_state(sae):
+    """A SAELens transcoder's weights as circuit-tracer lays out a layer file: W_enc [F, d]
+    (applied as x W_enc^T + b_enc), W_dec [F, d], the JumpReLU threshold under its module's name."""
+    state = {"W_enc": sae.W_enc.T, "W_dec": sae.W_dec, "b_enc": sae.b_enc, "b_dec": sae.b_dec}
+    if hasattr(sae, "threshold"):
+        state["activation_function.threshold"] = sae.threshold
+    if isinstance(sae, SkipTranscoder):
+        state["W_skip"] = sae.W_skip
+    return {key: value.detach().float().contiguous() for key, value in state.items()}
+
+
+# The hookscope site each set hook's value is served at (a transcoder reading ln2.hook_normalized
+# encodes residual_mid through the norm's arithmetic).
+SERVED = {"mlp_input": "mlp_input", "ln2_normalized": "residual_mid", "mlp_output": "mlp_output"}
+
+
+def make_set(spec, fixture, model, prompt, steps, clean_logits, directory, tensors, report):
+    """One circuit-tracer transcoder set: writes its folder, keeps every layer's references as
+    circuit-tracer's own loaded transcoders compute them, and returns its dictionaries.json entry
+    and edit case (a feature of one layer ablated at every step)."""
+    name = spec["name"]
+    count = len(spec["layers"])
+    ins = [f"layers.{i}.{spec['input']}" for i in range(count)]
+    outs = [f"layers.{i}.{spec['output']}" for i in range(count)]
+    clean = capture(model, prompt, steps, ins + outs)
+    folder = directory / "dictionaries" / name
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.mkdir(parents=True)
+    files, twins = [], []
+    for layer, arch in enumerate(spec["layers"]):
+        x, y = torch.cat(clean[ins[layer]], dim=1), torch.cat(clean[outs[layer]], dim=1)
+        sae_class, cfg_class = CLASSES[arch]
+        metadata = SAEMetadata(model_name=fixture, hook_name=f"blocks.{layer}.{spec['input_hook']}")
+        metadata.hook_name_out = f"blocks.{layer}.{spec['output_hook']}"
+        sae = sae_class(cfg_class(d_in=x.shape[-1], d_sae=D_SAE, d_out=y.shape[-1], dtype="float32",
+                                  device="cpu", apply_b_dec_to_input=False, metadata=metadata))
+        for attempt in range(20):
+            fill(sae, x, y, torch.Generator().manual_seed(7000 + 100 * layer + attempt))
+            try:
+                check(f"{name} layer {layer}", sae, x, "clean generation")
+                break
+            except AssertionError as error:
+                print(f"  reseeding {name} layer {layer}: {error}")
+        else:
+            raise AssertionError(f"{name} layer {layer}: no seed fits")
+        if spec.get("npz"):
+            file = f"layer_{layer}/params.npz"
+            (folder / f"layer_{layer}").mkdir()
+            np.savez(folder / file, **{k: getattr(sae, k).detach().numpy().astype(np.float32)
+                                       for k in ("W_enc", "W_dec", "b_enc", "b_dec", "threshold")})
+        else:
+            file = f"layer_{layer}.safetensors"
+            save_file(circuit_tracer_state(sae), folder / file)
+        files.append(file)
+        twins.append(sae)
+    config = {"model_kind": "transcoder_set", "feature_input_hook": spec["input_hook"],
+              "feature_output_hook": spec["output_hook"]}
+    if spec["listing"] == "paths":
+        config["transcoders"] = files
+    elif spec["listing"] == "entries":
+        config["transcoders"] = [{"id": f"{name}-{i}", "layer": i, "filepath": f} for i, f in enumerate(files)]
+    (folder / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+
+    # Loaded as circuit-tracer loads them: 0.5's path resolution for a list of paths (relative to
+    # the working directory, so from the folder), the earlier releases' {layer, filepath} reading
+    # for mappings, and the layer files as its hub path finds them for a config listing none.
+    written = yaml.safe_load((folder / "config.yaml").read_text())
+    cwd = os.getcwd()
+    os.chdir(folder)
+    try:
+        if spec["listing"] == "paths":
+            paths = resolve_transcoder_paths(written)
+        elif spec["listing"] == "entries":
+            paths = {entry["layer"]: entry["filepath"] for entry in written["transcoders"]}
+        else:
+            paths = {i: f"layer_{i}.safetensors" for i in range(count)}
+        transcoders = load_transcoder_set(
+            paths, scan=name, feature_input_hook=written["feature_input_hook"],
+            feature_output_hook=written["feature_output_hook"], device=torch.device("cpu"),
+            dtype=torch.float32, special_load_fn="gemma-scope" if spec.get("npz") else None,
+            lazy_encoder=False, lazy_decoder=False)
+    finally:
+        os.chdir(cwd)
+
+    layers = []
+    with torch.no_grad():
+        for layer, transcoder in enumerate(transcoders):
+            x, y = clean[ins[layer]][0], clean[outs[layer]][0]
+            features = transcoder.encode(x)
+            reconstruction = transcoder.decode(features, x)
+            twin = twins[layer]
+            assert torch.allclose(features, twin.encode(x), atol=1e-6), f"{name} {layer}: features"
+            assert torch.allclose(reconstruction, dictionary_out(twin, x, features), atol=1e-5)
+            for key, value in (("features", features), ("reconstruction", reconstruction),
+                               ("error", y - reconstruction)):
+                tensors[f"{name}/layer{layer}/{key}"] = value.float().contiguous()
+            layers.append({"site": f"layers.{layer}.{SERVED[spec['output']]}",
+                           "input_site": f"layers.{layer}.{SERVED[spec['input']]}"})
+            report[f"{name} layer {layer}"] = {"active_fraction": round(float((features > 0).float().mean()), 3)}
+
+    # A feature of one layer ablated at every step: the output site replaced by
+    # decode(edited features) + (value - decode(features)), circuit-tracer's transcoder in torch hooks.
+    layer = min(1, count - 1)
+    transcoder = transcoders[layer]
+    with torch.no_grad():
+        features = transcoder.encode(clean[ins[layer]][0])[0]
+    feature = int(((features > 0).sum(0) * 1e3 + features.mean(0)).argmax())
+    held, margins = {}, []
+
+    def replace(value):
+        x = held.pop("x")
+        margins.append(pre_activations(twins[layer], x)[1].min())
+        features = transcoder.encode(x)
+        edited = features.clone()
+        edited[..., feature] = 0
+        return transcoder.decode(edited, x) + (value - transcoder.decode(features, x))
+
+    handles = [hook_site(model, ins[layer], lambda v: held.__setitem__("x", v)),
+               hook_site(model, outs[layer], replace)]
+    ids, logits = generate(model, prompt, steps)
+    for handle in handles:
+        handle.remove()
+    least = float(torch.stack(margins).min())
+    assert least > MARGIN, f"{name}: a feature is {least:.2e} from its boundary in a generation"
+    change = float((logits - clean_logits).abs().max())
+    assert change > 1e-3, f"{name}: the ablation does not change the logits ({change:.1e})"
+    case = f"{name}-ablate"
+    tensors[f"{case}/output_ids"] = ids
+    tensors[f"{case}/logits"] = logits
+    report[case] = {"logit_change": round(change, 4), "margin": least, "ids": ids[len(prompt):].tolist()}
+    site = layers[layer]["site"]
+    entry = {"name": name, "folder": f"dictionaries/{name}", "format": "circuit_tracer",
+             "d_sae": D_SAE, "layers": layers}
+    return entry, {"name": case, "dictionary": name, "site": site, "feature": feature,
+                   "zero": [f"{site}.sae.features[:, :, {feature}]@all"]}
+
+
 def make(fixture):
     directory = FIXTURES / fixture
     prompt = json.loads((directory / "reference.json").read_text())["prompts"][0]
@@ -509,6 +708,11 @@ def make(fixture):
         k = busiest("resid-jumprelu-npz")
         record("sae-ablate-npz", "resid-jumprelu-npz", zero(k),
                {"feature": k, "zero": [f"layers.1.layer_output.sae.features[:, :, {k}]@all"]})
+
+    for spec in TRANSCODER_SETS.get(fixture, []):
+        entry, case = make_set(spec, fixture, model, prompt, steps, clean_logits, directory, tensors, report)
+        entries.append(entry)
+        cases.append(case)
 
     save_file({key: value.contiguous() for key, value in tensors.items()}, directory / "dictionaries.safetensors")
     meta = {"prompt": prompt, "new_tokens": NEW_TOKENS, "dictionaries": entries, "cases": cases}

@@ -39,6 +39,9 @@ pub fn load_fixture(name: &str) -> Model {
 /// Raw tensors of a safetensors file: name → (dtype, shape, bytes).
 pub type RawTensors = BTreeMap<String, (Dtype, Vec<usize>, Vec<u8>)>;
 
+/// Tensors by name, each as its shape and f32 values.
+pub type Tensors = BTreeMap<String, (Vec<usize>, Vec<f32>)>;
+
 /// Reads every tensor of a safetensors file.
 pub fn read_tensors(path: &Path) -> RawTensors {
     let bytes = std::fs::read(path).unwrap();
@@ -107,7 +110,7 @@ pub fn random_run(config: &str) -> (Model, Vec<usize>) {
 }
 
 /// The f32 and i64 tensors of a safetensors file of references, as f32: name → (shape, values).
-pub fn f32_tensors(path: &Path) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
+pub fn f32_tensors(path: &Path) -> Tensors {
     read_tensors(path)
         .into_iter()
         .map(|(name, (dtype, shape, bytes))| {

@@ -5,16 +5,20 @@
 //! `params.npz`, on GPT-2, Llama and Gemma-2 fixtures. Their features, reconstructions and
 //! errors match SAELens' on the prompt call; a feature ablated or steered, a transcoder feature
 //! ablated, and the reconstruction spliced in without its error give the same tokens and logits
-//! as the same edit made with SAELens and torch hooks.
+//! as the same edit made with SAELens and torch hooks. circuit-tracer's per-layer transcoder sets
+//! (its own layer files, and Gemma Scope `params.npz` files a config lists; reading `mlp.hook_in`
+//! or `ln2.hook_normalized`, writing `mlp.hook_out` or `hook_mlp_out`) match circuit-tracer's own
+//! loaded transcoders at every layer, and a feature of one layer ablated at every step matches
+//! the same ablation made with them in torch hooks.
 
 use std::path::{Path, PathBuf};
 
 use crate::common::{
-    f32_tensors, floats, greedy_run, load, max_diff, read_tensors, values, write_tensors,
+    Tensors, f32_tensors, floats, greedy_run, load, max_diff, read_tensors, values, write_tensors,
 };
 use hookscope::dictionary::{AttachOptions, Dictionary};
 use hookscope::hooks::RequestSpecs;
-use hookscope::{Interventions, Model, ModelSource, Site, Steps};
+use hookscope::{Interventions, Model, ModelSource, Site, Steps, WeightDtype};
 use hookscope_conformance::{Fixture, fixtures, test_device};
 use serde_json::Value;
 
@@ -57,10 +61,38 @@ fn entry<'m>(meta: &'m Value, name: &str) -> &'m Value {
         .unwrap_or_else(|| panic!("no dictionary `{name}`"))
 }
 
-/// Attaches the dictionary `entry` describes. SAELens' folders attach where their own config
-/// says (a TransformerLens hook name); a Gemma Scope `params.npz` names no site, so the entry's.
-fn attach(model: &mut Model, dir: &Path, entry: &Value, without_error: bool) -> Site {
+/// Attaches the dictionary or transcoder set `entry` describes; returns each attached site with
+/// the prefix of its reference keys (`NAME`, or `NAME/layerL` for a set's layers). SAELens'
+/// folders and circuit-tracer's sets attach where their own configs say (TransformerLens hook
+/// names); a Gemma Scope `params.npz` names no site, so the entry's.
+fn attach(
+    model: &mut Model,
+    dir: &Path,
+    entry: &Value,
+    without_error: bool,
+) -> Vec<(String, Site)> {
     let folder = dir.join(entry["folder"].as_str().unwrap());
+    let name = entry["name"].as_str().unwrap();
+    if let Some(layers) = entry["layers"].as_array() {
+        let set = Dictionary::load_all(&folder, &test_device()).unwrap();
+        let options = AttachOptions {
+            without_error,
+            ..Default::default()
+        };
+        let sites = model.attach_all(set, options).unwrap();
+        assert_eq!(sites.len(), layers.len(), "{name}: one dictionary a layer");
+        return sites
+            .into_iter()
+            .zip(layers)
+            .enumerate()
+            .map(|(layer, (site, expected))| {
+                let input = model.layout().dictionary_at(site).unwrap().1.input;
+                assert_eq!(site.to_string(), expected["site"].as_str().unwrap());
+                assert_eq!(input.to_string(), expected["input_site"].as_str().unwrap());
+                (format!("{name}/layer{layer}"), site)
+            })
+            .collect();
+    }
     let dictionary = Dictionary::load(&folder, &test_device()).unwrap();
     let site = match entry["format"].as_str().unwrap() {
         "gemma_scope_npz" => entry["site"].as_str().map(str::to_string),
@@ -73,50 +105,63 @@ fn attach(model: &mut Model, dir: &Path, entry: &Value, without_error: bool) -> 
     };
     let site = model.attach(dictionary, options).unwrap();
     assert_eq!(site.to_string(), entry["site"].as_str().unwrap());
-    site
+    vec![(name.to_string(), site)]
+}
+
+/// The features, reconstruction and error `model` serves at `site` on the prompt call, against
+/// the references under `prefix`.
+fn check_values(
+    model: &Model,
+    batch_prompt: &[u32],
+    site: Site,
+    reference: &Tensors,
+    prefix: &str,
+) {
+    let batch = model.batch(vec![batch_prompt.to_vec()]).unwrap();
+    let parts = ["features", "reconstruction", "error"];
+    let served = |part: &str| {
+        model
+            .layout()
+            .resolve(&format!("{site}.sae.{part}"))
+            .unwrap()
+    };
+    let interventions = parts.iter().fold(Interventions::new(), |requests, part| {
+        requests.save(served(part), Steps::At(0))
+    });
+    let plain = model.trace(&batch, &Interventions::new()).unwrap();
+    let trace = model.trace(&batch, &interventions).unwrap();
+    for part in parts {
+        let key = format!("{prefix}/{part}");
+        let (shape, expected) = &reference[&key];
+        let value = trace.saved.get(served(part), 0).unwrap();
+        assert_eq!(&value.shape(), shape, "{site} {key}: shape");
+        let diff = max_diff(&values(value), expected);
+        assert!(diff < VALUE_TOLERANCE, "{site} {key}: differs by {diff}");
+    }
+    // Reading a dictionary changes nothing downstream, exactly.
+    assert_eq!(
+        floats(trace.logits().unwrap().clone().into_data()),
+        floats(plain.logits().unwrap().clone().into_data()),
+        "{site} {prefix}: reading features changed the logits"
+    );
 }
 
 #[test]
 fn dictionary_values_match_sae_lens() {
-    for (Fixture { name, dir, .. }, meta) in dictionary_fixtures() {
+    let mut sets = 0;
+    for (Fixture { dir, .. }, meta) in dictionary_fixtures() {
         let reference = f32_tensors(&dir.join("dictionaries.safetensors"));
         let batch_prompt = prompt(&meta);
         for entry in meta["dictionaries"].as_array().unwrap() {
-            let dictionary = entry["name"].as_str().unwrap();
             let mut model = load(&dir).unwrap();
-            let site = attach(&mut model, &dir, entry, false);
-            let batch = model.batch(vec![batch_prompt.clone()]).unwrap();
-            let parts = ["features", "reconstruction", "error"];
-            let mut interventions = Interventions::new();
-            for part in parts {
-                let part = model
-                    .layout()
-                    .resolve(&format!("{site}.sae.{part}"))
-                    .unwrap();
-                interventions = interventions.save(part, Steps::At(0));
+            let attached = attach(&mut model, &dir, entry, false);
+            sets += usize::from(attached.len() > 1);
+            for (prefix, site) in attached {
+                check_values(&model, &batch_prompt, site, &reference, &prefix);
             }
-            let plain = model.trace(&batch, &Interventions::new()).unwrap();
-            let trace = model.trace(&batch, &interventions).unwrap();
-            for part in parts {
-                let key = format!("{dictionary}/{part}");
-                let (shape, expected) = &reference[&key];
-                let served = model
-                    .layout()
-                    .resolve(&format!("{site}.sae.{part}"))
-                    .unwrap();
-                let value = trace.saved.get(served, 0).unwrap();
-                assert_eq!(&value.shape(), shape, "{name} {key}: shape");
-                let diff = max_diff(&values(value), expected);
-                assert!(diff < VALUE_TOLERANCE, "{name} {key}: differs by {diff}");
-            }
-            // Reading a dictionary changes nothing downstream, exactly.
-            assert_eq!(
-                floats(trace.logits().unwrap().clone().into_data()),
-                floats(plain.logits().unwrap().clone().into_data()),
-                "{name} {dictionary}: reading features changed the logits"
-            );
         }
     }
+    assert!(sets >= 3, "only {sets} transcoder sets ran");
 }
 
 #[test]
@@ -388,4 +433,271 @@ fn a_per_head_dictionary_replaces_only_its_head() {
         }
     }
     assert!(max_diff(&head1[..dim], &original.1[dim..2 * dim]) > 1e-3);
+}
+
+/// The references of `fixture`: its dictionaries.json and dictionaries.safetensors.
+fn fixture_references(fixture: &str) -> (PathBuf, Value, Tensors) {
+    let dir = hookscope_conformance::fixtures_dir().join(fixture);
+    let meta = serde_json::from_slice(&std::fs::read(dir.join("dictionaries.json")).unwrap());
+    let reference = f32_tensors(&dir.join("dictionaries.safetensors"));
+    (dir, meta.unwrap(), reference)
+}
+
+#[test]
+fn one_layer_file_of_a_transcoder_set_loads_alone() {
+    for (fixture, set, layer, file) in [
+        (
+            "llama-gqa2-llama3-bias",
+            "ct-llama",
+            1,
+            "layer_1.safetensors",
+        ),
+        ("gpt2-tied", "ct-gpt2-normalized", 2, "layer_2.safetensors"),
+        (
+            "gemma2-window-softcap",
+            "ct-gemma-scope",
+            2,
+            "layer_2/params.npz",
+        ),
+    ] {
+        let (dir, meta, reference) = fixture_references(fixture);
+        let folder = dir.join("dictionaries").join(set);
+        let message = Dictionary::load(&folder, &test_device())
+            .unwrap_err()
+            .to_string();
+        assert!(message.contains("holds a set of"), "{message}");
+        let dictionary = Dictionary::load(&folder.join(file), &test_device()).unwrap();
+        let mut model = load(&dir).unwrap();
+        let site = model.attach(dictionary, AttachOptions::default()).unwrap();
+        assert_eq!(site.to_string(), format!("layers.{layer}.mlp_output"));
+        let prefix = format!("{set}/layer{layer}");
+        check_values(&model, &prompt(&meta), site, &reference, &prefix);
+    }
+}
+
+fn load_all_error(path: &Path) -> String {
+    Dictionary::load_all(path, &test_device())
+        .unwrap_err()
+        .to_string()
+}
+
+#[test]
+fn broken_transcoder_sets_are_refused_naming_the_file_and_key() {
+    // A layer missing from a set whose files lie beside its config.
+    let (_keep, folder) = copy_dictionary("llama-gqa2-llama3-bias", "ct-llama");
+    std::fs::remove_file(folder.join("layer_0.safetensors")).unwrap();
+    let message = load_all_error(&folder);
+    assert!(
+        message.contains("config.yaml") && message.contains("no transcoder for layer 0"),
+        "{message}"
+    );
+
+    // Cross-layer transcoders, and a config with no input hook.
+    let (_keep, folder) = copy_dictionary("llama-gqa2-llama3-bias", "ct-llama");
+    let config = folder.join("config.yaml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    std::fs::write(
+        &config,
+        text.replace("transcoder_set", "cross_layer_transcoder"),
+    )
+    .unwrap();
+    assert!(load_all_error(&folder).contains("cross-layer"));
+    std::fs::write(&config, text.replace("feature_input_hook", "input_hook")).unwrap();
+    assert!(load_all_error(&folder).contains("`feature_input_hook` is missing"));
+
+    // A negative JumpReLU threshold (circuit-tracer would let negative values through), and a
+    // layer file without its encoder bias.
+    std::fs::write(&config, &text).unwrap();
+    let layer = folder.join("layer_1.safetensors");
+    let mut tensors = read_tensors(&layer);
+    let (_, _, threshold) = tensors.get_mut("activation_function.threshold").unwrap();
+    threshold[..4].copy_from_slice(&(-0.5f32).to_le_bytes());
+    write_tensors(&layer, &tensors);
+    let message = load_all_error(&folder);
+    assert!(
+        message.contains("layer_1.safetensors") && message.contains("negative threshold"),
+        "{message}"
+    );
+    tensors.remove("b_enc");
+    write_tensors(&layer, &tensors);
+    let message = load_all_error(&folder);
+    assert!(message.contains("`b_enc`"), "{message}");
+
+    // A listed file on the hub is fetched only through ModelSource::load_dictionaries.
+    let (_keep, folder) = copy_dictionary("gpt2-tied", "ct-gpt2-normalized");
+    let config = folder.join("config.yaml");
+    let text = std::fs::read_to_string(&config).unwrap();
+    let hub = "hf://someone/transcoders/layer_0.safetensors";
+    std::fs::write(&config, text.replace("layer_0.safetensors", hub)).unwrap();
+    let message = load_all_error(&folder);
+    assert!(
+        message.contains(hub) && message.contains("load_dictionaries"),
+        "{message}"
+    );
+}
+
+#[test]
+fn transcoder_sets_resolve_from_the_hub_cache() {
+    let (dir, meta, reference) = fixture_references("llama-gqa2-llama3-bias");
+    let cache = tempfile::tempdir().unwrap();
+    let repo = cache.path().join("models--someone--transcoders");
+    std::fs::create_dir_all(repo.join("refs")).unwrap();
+    std::fs::write(repo.join("refs").join("main"), "abc123").unwrap();
+    let snapshot = repo.join("snapshots").join("abc123");
+    // A set whose layer files lie beside its config, in a folder of the repository.
+    let beside = snapshot.join("beside");
+    std::fs::create_dir_all(&beside).unwrap();
+    for entry in std::fs::read_dir(dir.join("dictionaries/ct-llama")).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), beside.join(entry.file_name())).unwrap();
+    }
+    // A set listing those files as hub references, one of them at a named revision.
+    let listed = snapshot.join("listed");
+    std::fs::create_dir_all(&listed).unwrap();
+    let config = std::fs::read_to_string(beside.join("config.yaml")).unwrap();
+    let files = "transcoders:\n- hf://someone/transcoders/beside/layer_0.safetensors\n\
+                 - hf://someone/transcoders/beside/layer_1.safetensors?revision=main\n";
+    std::fs::write(listed.join("config.yaml"), format!("{config}{files}")).unwrap();
+    for folder in ["beside", "listed"] {
+        let spec = format!("someone/transcoders/{folder}");
+        let set =
+            ModelSource::load_dictionaries_in(&spec, &test_device(), cache.path(), true).unwrap();
+        let mut model = load(&dir).unwrap();
+        let sites = model.attach_all(set, AttachOptions::default()).unwrap();
+        assert_eq!(sites.len(), 2, "{folder}");
+        for (layer, site) in sites.into_iter().enumerate() {
+            let prefix = format!("ct-llama/layer{layer}");
+            check_values(&model, &prompt(&meta), site, &reference, &prefix);
+        }
+    }
+    // A listed file the cache lacks, offline.
+    std::fs::write(
+        listed.join("config.yaml"),
+        format!("{config}transcoders:\n- hf://someone/transcoders/gone.safetensors\n"),
+    )
+    .unwrap();
+    let spec = "someone/transcoders/listed";
+    let message = ModelSource::load_dictionaries_in(spec, &test_device(), cache.path(), true)
+        .unwrap_err()
+        .to_string();
+    assert!(
+        message.contains("gone.safetensors") && message.contains("HF_HUB_OFFLINE"),
+        "{message}"
+    );
+}
+
+#[test]
+fn hooks_around_the_mlp_attach_only_where_the_model_serves_them() {
+    let fixtures = hookscope_conformance::fixtures_dir();
+    let (_keep, folder) = copy_dictionary("llama-gqa2-llama3-bias", "transcoder-jumprelu");
+    let cfg = folder.join("cfg.json");
+    let text = std::fs::read_to_string(&cfg).unwrap();
+    let with_hooks = |input: &str, output: &str| {
+        let mut json: Value = serde_json::from_str(&text).unwrap();
+        json["metadata"]["hook_name"] = input.into();
+        json["metadata"]["hook_name_out"] = output.into();
+        std::fs::write(&cfg, json.to_string()).unwrap();
+        Dictionary::load(&folder, &test_device()).unwrap()
+    };
+    let attach_to = |fixture: &str, dictionary: Dictionary| {
+        let mut model = load(&fixtures.join(fixture)).unwrap();
+        model
+            .attach(dictionary, AttachOptions::default())
+            .map(|site| {
+                let input = model.layout().dictionary_at(site).unwrap().1.input;
+                (site.to_string(), input.to_string())
+            })
+            .map_err(|e| e.to_string())
+    };
+    // circuit-tracer's MLP hooks on Llama: mlp_input to mlp_output.
+    let dictionary = with_hooks("blocks.0.mlp.hook_in", "blocks.0.mlp.hook_out");
+    assert_eq!(
+        attach_to("llama-gqa2-llama3-bias", dictionary.clone()).unwrap(),
+        ("layers.0.mlp_output".into(), "layers.0.mlp_input".into())
+    );
+    // Gemma 2's MLP output passes a norm before the add: mlp.hook_out is not served there.
+    let message = attach_to("gemma2-window-softcap", dictionary).unwrap_err();
+    assert!(
+        message.contains("mlp.hook_out") && message.contains("hook_mlp_out"),
+        "{message}"
+    );
+    // ln2.hook_normalized reads the residual the MLP's norm reads: residual_mid in a sequential
+    // block, the block's input in a parallel one (GPT-NeoX); a layer without an MLP has none.
+    let normalized = with_hooks("blocks.0.ln2.hook_normalized", "blocks.0.hook_mlp_out");
+    assert_eq!(
+        attach_to("llama-gqa2-llama3-bias", normalized.clone())
+            .unwrap()
+            .1,
+        "layers.0.residual_mid"
+    );
+    assert_eq!(
+        attach_to("gptneox-parallel", normalized).unwrap().1,
+        "layers.0.layer_input"
+    );
+    let into_residual = with_hooks("blocks.0.ln2.hook_normalized", "blocks.0.hook_resid_post");
+    let message = attach_to("mamba-tied", into_residual).unwrap_err();
+    assert!(message.contains("ln2.hook_normalized"), "{message}");
+    // A sparse autoencoder cannot write back a normalised value.
+    let mut json: Value = serde_json::from_str(&text).unwrap();
+    json["architecture"] = "jumprelu".into();
+    json["metadata"]["hook_name"] = "blocks.0.ln2.hook_normalized".into();
+    std::fs::write(&cfg, json.to_string()).unwrap();
+    let sae = Dictionary::load(&folder, &test_device()).unwrap();
+    let message = attach_to("llama-gqa2-llama3-bias", sae).unwrap_err();
+    assert!(message.contains("only a transcoder"), "{message}");
+}
+
+#[test]
+fn a_half_precision_decoder_is_used_as_stored() {
+    let (dir, meta, reference) = fixture_references("llama-gqa2-llama3-bias");
+    let batch_prompt = prompt(&meta);
+    type Round = fn(f32) -> [u8; 2];
+    let bf16: Round = |v| half::bf16::from_f32(v).to_le_bytes();
+    let f16: Round = |v| half::f16::from_f32(v).to_le_bytes();
+    for (dtype, held, round) in [
+        (safetensors::Dtype::BF16, WeightDtype::Bf16, bf16),
+        (safetensors::Dtype::F16, WeightDtype::F16, f16),
+    ] {
+        let (_keep, folder) = copy_dictionary("llama-gqa2-llama3-bias", "resid-jumprelu");
+        let weights = folder.join("sae_weights.safetensors");
+        let mut tensors = read_tensors(&weights);
+        let (stored, _, bytes) = tensors.get_mut("W_dec").unwrap();
+        *stored = dtype;
+        *bytes = bytes
+            .chunks_exact(4)
+            .flat_map(|b| round(f32::from_le_bytes(b.try_into().unwrap())))
+            .collect();
+        write_tensors(&weights, &tensors);
+        let dictionary = Dictionary::load(&folder, &test_device()).unwrap();
+        assert_eq!(dictionary.decoder_dtype(), held);
+        let mut model = load(&dir).unwrap();
+        let site = model.attach(dictionary, AttachOptions::default()).unwrap();
+        let batch = model.batch(vec![batch_prompt.clone()]).unwrap();
+        let served = |part: &str| {
+            model
+                .layout()
+                .resolve(&format!("{site}.sae.{part}"))
+                .unwrap()
+        };
+        let requests = Interventions::new()
+            .save(served("features"), Steps::At(0))
+            .save(served("reconstruction"), Steps::At(0));
+        let trace = model.trace(&batch, &requests).unwrap();
+        // The encoder is f32 as stored: the same features; the decoder's rounding shows in the
+        // reconstruction at half precision's size, no more.
+        let features = values(trace.saved.get(served("features"), 0).unwrap());
+        let diff = max_diff(&features, &reference["resid-jumprelu/features"].1);
+        assert!(
+            diff < VALUE_TOLERANCE,
+            "{dtype:?} features differ by {diff}"
+        );
+        let reconstruction = values(trace.saved.get(served("reconstruction"), 0).unwrap());
+        let expected = &reference["resid-jumprelu/reconstruction"].1;
+        let scale = expected.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let diff = max_diff(&reconstruction, expected);
+        assert!(
+            diff > 0.0 && diff < 2e-2 * scale,
+            "{dtype:?} reconstruction differs by {diff} (scale {scale})"
+        );
+    }
 }

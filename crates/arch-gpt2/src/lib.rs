@@ -15,7 +15,8 @@ use hookscope_core::nn::{
 };
 use hookscope_core::schema::{FeedForwardKind, LayerSpec};
 use hookscope_core::{
-    ArchConfig, Architecture, Call, CausalLm, ModelLayout, OutputHead, Result, Site, WeightLoader,
+    ArchConfig, Architecture, Call, CausalLm, FeedForwardNorms, ModelLayout, OutputHead, Result,
+    Site, WeightLoader,
 };
 use serde::Deserialize;
 
@@ -201,6 +202,13 @@ impl CausalLm for Gpt2 {
 
     fn output_head(&self) -> &dyn OutputHead {
         &self.head
+    }
+
+    fn feed_forward_norms(&self, layer: usize) -> Option<FeedForwardNorms> {
+        Some(FeedForwardNorms {
+            input: Some(self.blocks.get(layer)?.ln_2.plain()),
+            output_norm: false,
+        })
     }
 }
 

@@ -21,7 +21,8 @@ use hookscope_core::nn::{
 };
 use hookscope_core::schema::{FeedForwardKind, LayerSpec};
 use hookscope_core::{
-    ArchConfig, Architecture, Call, CausalLm, ModelLayout, OutputHead, Result, Site, WeightLoader,
+    ArchConfig, Architecture, Call, CausalLm, FeedForwardNorms, ModelLayout, OutputHead, Result,
+    Site, WeightLoader,
 };
 use serde::Deserialize;
 
@@ -210,6 +211,13 @@ impl CausalLm for GptNeox {
 
     fn output_head(&self) -> &dyn OutputHead {
         &self.head
+    }
+
+    fn feed_forward_norms(&self, layer: usize) -> Option<FeedForwardNorms> {
+        Some(FeedForwardNorms {
+            input: Some(self.blocks.get(layer)?.post_attention_norm.plain()),
+            output_norm: false,
+        })
     }
 }
 

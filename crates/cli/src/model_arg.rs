@@ -2,7 +2,7 @@
 
 use clap::{Args, ValueEnum};
 use hookscope::prelude::*;
-use hookscope::{AttachOptions, Dictionary, LoadOptions, MatmulPrecision, WeightDtype};
+use hookscope::{AttachOptions, LoadOptions, MatmulPrecision, WeightDtype};
 
 /// Which model a command runs on, and how its weights are stored.
 #[derive(Debug, Args)]
@@ -102,9 +102,8 @@ impl ModelArg {
         }
         for spec in &self.sae {
             let (options, path) = AttachOptions::parse(spec, self.sae_without_error);
-            let dictionary =
-                Dictionary::load(&ModelSource::resolve_dictionary(&path)?, model.device())?;
-            model.attach(dictionary, options)?;
+            let dictionaries = ModelSource::load_dictionaries(&path, model.device())?;
+            model.attach_all(dictionaries, options)?;
         }
         Ok(model)
     }

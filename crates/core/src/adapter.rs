@@ -47,6 +47,43 @@ pub trait CausalLm: Send + Sync {
     /// What turns the last residual stream into logits (`nn::LmHead` for a norm, a linear
     /// head and any soft-cap).
     fn output_head(&self) -> &dyn OutputHead;
+
+    /// The norms around layer `layer`'s feed-forward part, if the adapter declares them: what
+    /// dictionaries trained on TransformerLens' `ln2.hook_normalized` (the MLP's input before
+    /// its norm's gain) and `mlp.hook_out` (the MLP's output before any norm after it) need.
+    /// `None` (the default) where the layer has no feed-forward part or the adapter does not
+    /// say; such dictionaries are then refused, naming the hook.
+    fn feed_forward_norms(&self, layer: usize) -> Option<FeedForwardNorms> {
+        let _ = layer;
+        None
+    }
+}
+
+/// A normalisation's arithmetic alone, without its learned gain and bias (applied by
+/// `nn`'s norms: `PlainNorm::apply`).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum PlainNorm {
+    /// `x / sqrt(mean(x²) + eps)` (RMSNorm).
+    Rms {
+        /// The epsilon under the root.
+        eps: f64,
+    },
+    /// `(x - mean) / sqrt(var + eps)`, the variance biased (LayerNorm).
+    Layer {
+        /// The epsilon under the root.
+        eps: f64,
+    },
+}
+
+/// The norms around one layer's feed-forward part ([`CausalLm::feed_forward_norms`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct FeedForwardNorms {
+    /// The norm the part reads through (`ln2`), without its gain and bias, if it has one.
+    pub input: Option<PlainNorm>,
+    /// Whether a norm follows the part before the residual add (Gemma's
+    /// `post_feedforward_layernorm`, OLMo-2's), so that `mlp_output` is not the part's own
+    /// output.
+    pub output_norm: bool,
 }
 
 /// What turns the residual stream leaving the last block into logits. The engine serves the

@@ -35,7 +35,7 @@ pub mod source;
 pub mod tokenizer;
 pub mod weights;
 
-pub use adapter::{Architecture, CausalLm, OutputHead};
+pub use adapter::{Architecture, CausalLm, FeedForwardNorms, OutputHead, PlainNorm};
 pub use call::Call;
 pub use config::ArchConfig;
 pub use cpu::{KERNELS_VARIABLE, product_kernels};

@@ -11,7 +11,7 @@ use crate::checkpoint::auto_dtype;
 use crate::config::{ArchConfig, parse_json};
 use crate::decoding::GenerationConfig;
 use crate::device::is_cpu;
-use crate::dictionary::{AttachOptions, Dictionary};
+use crate::dictionary::{AttachOptions, Dictionary, Placed};
 use crate::error::{Error, Result};
 use crate::hooks::Attachment;
 use crate::input::Batch;
@@ -213,7 +213,13 @@ impl Model {
     /// not one a dictionary can read (`[B, T, ...]` layer sites), a transcoder's input does not
     /// come before its output, or the widths differ.
     pub fn attach(&mut self, dictionary: Dictionary, options: AttachOptions) -> Result<Site> {
-        let placement = crate::dictionary::place(&self.layout, &dictionary, &options)?;
+        let network = &self.network;
+        let norms = |layer| network.feed_forward_norms(layer);
+        let Placed {
+            placement,
+            input_norm,
+        } = crate::dictionary::place(&self.layout, &norms, &dictionary, &options)?;
+        let dictionary = dictionary.reading_normalised(input_norm);
         self.detach(placement.site);
         self.layout.dictionaries.push(placement);
         self.dictionaries.push(Attachment {
@@ -221,6 +227,31 @@ impl Model {
             error_term: !options.without_error,
         });
         Ok(placement.site)
+    }
+
+    /// Attaches every dictionary of a set ([`Dictionary::load_all`]) where its own config
+    /// says, with `options`' splicing; returns their sites. A site named in `options` is for
+    /// one dictionary alone: with more it is refused.
+    pub fn attach_all(
+        &mut self,
+        dictionaries: Vec<Dictionary>,
+        options: AttachOptions,
+    ) -> Result<Vec<Site>> {
+        if dictionaries.len() > 1 && (options.site.is_some() || options.input.is_some()) {
+            let path = dictionaries[0].config().path.clone();
+            return Err(Error::Dictionary {
+                path,
+                message: format!(
+                    "is one of a set of {} dictionaries, each attached where its config says; \
+                     a site can be named for one alone",
+                    dictionaries.len()
+                ),
+            });
+        }
+        dictionaries
+            .into_iter()
+            .map(|dictionary| self.attach(dictionary, options.clone()))
+            .collect()
     }
 
     /// Removes the dictionary attached at `site`, if any; whether there was one.

@@ -25,7 +25,7 @@ pub const SCHEMA_VERSION: u32 = 2;
 
 /// Version of the adapter interface ([`crate::CausalLm`], [`Architecture`], the per-call
 /// context): bumped whenever a plugin built against the previous one would not fit.
-pub const ADAPTER_VERSION: u32 = 8;
+pub const ADAPTER_VERSION: u32 = 9;
 
 /// Symbol returning the plugin's fingerprint as a NUL-terminated C string.
 pub const FINGERPRINT_SYMBOL: &[u8] = b"hookscope_plugin_fingerprint\0";

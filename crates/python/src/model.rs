@@ -5,8 +5,8 @@ use hookscope::hooks::RequestSpecs;
 use hookscope::precision::parse_dtype_choice;
 use hookscope::schema::CallDims;
 use hookscope::{
-    AttachOptions, Batch, DeviceChoice, Dictionary, Generation, Interventions, LoadOptions,
-    MatmulPrecision, Model, ModelSource, Run, Steps, WeightDtype,
+    AttachOptions, Batch, DeviceChoice, Generation, Interventions, LoadOptions, MatmulPrecision,
+    Model, ModelSource, Run, Steps, WeightDtype,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -27,9 +27,8 @@ pub struct PyModel {
 fn attach_all(model: &mut Model, specs: &[String], without_error: bool) -> hookscope::Result<()> {
     for spec in specs {
         let (options, path) = AttachOptions::parse(spec, without_error);
-        let path = ModelSource::resolve_dictionary(&path)?;
-        let dictionary = Dictionary::load(&path, model.device())?;
-        model.attach(dictionary, options)?;
+        let dictionaries = ModelSource::load_dictionaries(&path, model.device())?;
+        model.attach_all(dictionaries, options)?;
     }
     Ok(())
 }

@@ -136,7 +136,7 @@ fn sites_lists_the_dictionary_sites_and_bad_dictionaries_are_named() {
                 "blocks.1.ln2.hook_normalized={}",
                 dictionary("resid-standard")
             ),
-            "weight and bias",
+            "only a transcoder",
         ),
     ] {
         let output = hookscope(&["run", &model, "--prompt", "A", "--sae", &sae]);

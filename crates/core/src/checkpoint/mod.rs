@@ -243,6 +243,20 @@ impl Checkpoint {
             .fold(0usize, usize::saturating_add)
     }
 
+    /// The stored shape of a weight, if the checkpoint holds it in a dtype hookscope reads.
+    pub(crate) fn shape(&self, name: &str) -> Option<Vec<usize>> {
+        self.stored(name).ok().map(|stored| stored.shape)
+    }
+
+    /// The precision a weight is stored in, if the checkpoint holds it in one hookscope reads.
+    pub(crate) fn precision_of(&self, name: &str) -> Option<WeightDtype> {
+        self.stored(name).ok().map(|stored| match stored.dtype {
+            Dtype::BF16 => WeightDtype::Bf16,
+            Dtype::F16 => WeightDtype::F16,
+            _ => WeightDtype::F32,
+        })
+    }
+
     /// One weight's stored bytes, read in place.
     pub(crate) fn stored(&self, name: &str) -> Result<Stored<'_>, String> {
         let shard = &self.shards[*self.names.get(name).ok_or("missing")?];

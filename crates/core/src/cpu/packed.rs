@@ -179,7 +179,6 @@ impl PackedMatrix {
     }
 
     /// The precision the weights are stored in.
-    #[cfg(test)]
     pub(crate) fn dtype(&self) -> WeightDtype {
         match self.panels {
             Panels::F32(_) => WeightDtype::F32,

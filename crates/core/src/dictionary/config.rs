@@ -183,9 +183,21 @@ impl DictionaryConfig {
     /// The settings of a Gemma Scope `params.npz` (JumpReLU, no input normalisation, `b_dec`
     /// not subtracted from the input), sized by its stored matrices.
     pub fn gemma_scope(path: &Path, d_in: usize, features: usize) -> Result<Self> {
+        DictionaryConfig::plain(path, Activation::JumpRelu, d_in, features)
+    }
+
+    /// A sparse autoencoder of `activation` with no input normalisation and no `b_dec`
+    /// subtracted from its input (Gemma Scope's and circuit-tracer's files, which carry no
+    /// such settings).
+    pub fn plain(
+        path: &Path,
+        activation: Activation,
+        d_in: usize,
+        features: usize,
+    ) -> Result<Self> {
         let config = DictionaryConfig {
             path: path.to_path_buf(),
-            activation: Activation::JumpRelu,
+            activation,
             transcoder: false,
             skip: false,
             d_in,
@@ -200,6 +212,18 @@ impl DictionaryConfig {
         };
         config.check_sizes()?;
         Ok(config)
+    }
+
+    /// The same settings as a transcoder (no `b_dec` subtracted from its input) from hook
+    /// `input` to hook `output`: a layer of a circuit-tracer set.
+    pub fn transcoder(self, input: String, output: String) -> Self {
+        DictionaryConfig {
+            transcoder: true,
+            apply_b_dec_to_input: false,
+            hook: Some(input),
+            hook_out: Some(output),
+            ..self
+        }
     }
 
     /// Refuses widths no dictionary has, before anything is allocated from them.

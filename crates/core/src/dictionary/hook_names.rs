@@ -3,17 +3,38 @@
 
 use crate::schema::{LayerSite, MixerNamespace, MixerSite, MlpSite, Site};
 
+/// What a dictionary's hook name stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HookSite {
+    /// A site hookscope serves.
+    Served(Site),
+    /// TransformerLens' `blocks.L.ln2.hook_normalized`: what layer `L`'s feed-forward part
+    /// reads, normalised but before its norm's gain and bias (an unfolded model never holds
+    /// it; a dictionary reading it normalises the norm's input itself).
+    NormalizedMlpInput {
+        /// The layer.
+        layer: usize,
+    },
+    /// circuit-tracer's `blocks.L.mlp.hook_out`: the feed-forward part's own output, which is
+    /// `mlp_output` wherever no norm follows the part.
+    MlpOwnOutput {
+        /// The layer.
+        layer: usize,
+    },
+}
+
 /// The hookscope site a dictionary's hook name stands for, or why it has none.
-pub fn site_of_hook(name: &str) -> Result<Site, String> {
+pub fn site_of_hook(name: &str) -> Result<HookSite, String> {
     if let Some(site) = Site::parse(name) {
-        return Ok(site);
+        return Ok(HookSite::Served(site));
     }
     let unknown = || {
         format!(
             "`{name}` is neither a hookscope site nor a TransformerLens hook hookscope serves \
              (blocks.L.hook_resid_pre, hook_resid_mid, hook_mlp_in, hook_resid_post, \
              hook_attn_out, hook_mlp_out, attn.hook_z, attn.hook_result, mlp.hook_pre, \
-             mlp.hook_pre_linear, mlp.hook_post)"
+             mlp.hook_pre_linear, mlp.hook_post, ln2.hook_normalized, and circuit-tracer's \
+             mlp.hook_in and mlp.hook_out)"
         )
     };
     let rest = name.strip_prefix("blocks.").ok_or_else(unknown)?;
@@ -29,6 +50,10 @@ pub fn site_of_hook(name: &str) -> Result<Site, String> {
         "hook_mlp_out" => LayerSite::MlpOutput,
         // TransformerLens' `hook_mlp_in` is the residual the MLP branch reads before `ln2`.
         "hook_resid_mid" | "hook_mlp_in" => LayerSite::ResidualMid,
+        // circuit-tracer's replacement MLP's input: after `ln2`, gain included.
+        "mlp.hook_in" => LayerSite::MlpInput,
+        "mlp.hook_out" => return Ok(HookSite::MlpOwnOutput { layer }),
+        "ln2.hook_normalized" => return Ok(HookSite::NormalizedMlpInput { layer }),
         "attn.hook_z" => {
             LayerSite::Mixer(MixerNamespace::SelfAttn, MixerSite::AttentionHeadOutputs)
         }
@@ -38,17 +63,9 @@ pub fn site_of_hook(name: &str) -> Result<Site, String> {
         "mlp.hook_pre" => LayerSite::Mlp(MlpSite::PreActivation),
         "mlp.hook_pre_linear" => LayerSite::Mlp(MlpSite::UpProjection),
         "mlp.hook_post" => LayerSite::Mlp(MlpSite::PostActivation),
-        "ln2.hook_normalized" => {
-            return Err(format!(
-                "`{name}` is `ln2`'s output before its weight and bias (TransformerLens folds \
-                 them into the MLP's weights), a value an unfolded model never holds; a \
-                 dictionary trained on it reads `layers.L.mlp_input` only where the norm has no \
-                 weight and bias: name that site to attach it there"
-            ));
-        }
         _ => return Err(unknown()),
     };
-    Ok(Site::layer(layer, site))
+    Ok(HookSite::Served(Site::layer(layer, site)))
 }
 
 #[cfg(test)]
@@ -75,9 +92,14 @@ mod tests {
                 "blocks.5.attn.hook_result",
                 "layers.5.self_attn.attention_head_writes",
             ),
+            ("blocks.4.mlp.hook_in", "layers.4.mlp_input"),
             ("layers.2.layer_output", "layers.2.layer_output"),
         ] {
-            assert_eq!(site_of_hook(hook).unwrap().to_string(), site, "{hook}");
+            let served = match site_of_hook(hook).unwrap() {
+                HookSite::Served(site) => site.to_string(),
+                other => panic!("{hook}: {other:?}"),
+            };
+            assert_eq!(served, site, "{hook}");
         }
         for hook in [
             "blocks.x.hook_resid_post",
@@ -90,10 +112,13 @@ mod tests {
                 "{hook}"
             );
         }
-        assert!(
-            site_of_hook("blocks.1.ln2.hook_normalized")
-                .unwrap_err()
-                .contains("mlp_input")
+        assert_eq!(
+            site_of_hook("blocks.1.ln2.hook_normalized"),
+            Ok(HookSite::NormalizedMlpInput { layer: 1 })
+        );
+        assert_eq!(
+            site_of_hook("blocks.7.mlp.hook_out"),
+            Ok(HookSite::MlpOwnOutput { layer: 7 })
         );
     }
 }

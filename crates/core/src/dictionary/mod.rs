@@ -9,27 +9,50 @@
 //! flows on is the site's own, as SAELens' `use_error_term=True`); an edit of the features flows
 //! on as the edited reconstruction plus the unedited error.
 
+mod circuit_tracer;
 mod config;
 mod hook_names;
 mod npz;
 mod placement;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use burn::tensor::{Device, IndexingUpdateOp, Tensor};
 
 pub use config::{Activation, DictionaryConfig, Normalization};
-pub use hook_names::site_of_hook;
-pub(crate) use placement::place;
+pub use hook_names::{HookSite, site_of_hook};
+pub(crate) use placement::{Placed, place};
 
+use crate::adapter::PlainNorm;
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 use crate::hooks::{Encoding, FeatureDictionary};
 use crate::nn::Linear;
+use crate::precision::WeightDtype;
 use crate::weights::WeightLoader;
 
 /// The layer-norm epsilon SAELens adds to the standard deviation.
 const LAYER_NORM_EPS: f32 = 1e-5;
+
+/// How a format names and lays out its tensors.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct TensorNames {
+    /// `W_enc` is stored `[F, d_in]` (torch's `[out, in]`, circuit-tracer) instead of
+    /// `[d_in, F]` (SAELens, Gemma Scope).
+    encoder_out_in: bool,
+    /// The JumpReLU thresholds' key.
+    threshold: &'static str,
+}
+
+/// SAELens' names, which Gemma Scope's `params.npz` shares.
+const SAE_LENS: TensorNames = TensorNames {
+    encoder_out_in: false,
+    threshold: "threshold",
+};
+
+/// Resolves a hub file reference (`hf://owner/repo/path?revision=R`) a dictionary's config
+/// names to a local file.
+pub type HubFiles<'a> = &'a dyn Fn(&str) -> Result<PathBuf>;
 
 /// A loaded feature dictionary.
 #[derive(Debug, Clone)]
@@ -47,22 +70,73 @@ pub struct Dictionary {
     decoder: Linear,
     /// A transcoder's skip connection (`x W_skipᵀ`).
     skip: Option<Linear>,
+    /// The norm applied to the site's value before anything else, where the dictionary reads
+    /// a normalised value the model does not hold (`ln2.hook_normalized`); set on attaching.
+    input_norm: Option<PlainNorm>,
 }
 
 impl Dictionary {
-    /// Loads a dictionary from `path`: a SAELens folder (`cfg.json` and
-    /// `sae_weights.safetensors`), a Gemma Scope folder (`params.npz`), or a `.npz` file.
+    /// Loads the one dictionary at `path`: a SAELens folder (`cfg.json` and
+    /// `sae_weights.safetensors`), a Gemma Scope folder (`params.npz`) or `.npz` file, or one
+    /// layer's file of a circuit-tracer transcoder set (a file in the folder of its
+    /// `config.yaml` or one below it, e.g. `layer_3.safetensors` or `layer_3/params.npz`). A
+    /// whole set is refused here: [`Dictionary::load_all`] loads it.
     pub fn load(path: &Path, device: &Device) -> Result<Dictionary> {
+        let mut all = Dictionary::load_all(path, device)?;
+        match all.len() {
+            1 => Ok(all.remove(0)),
+            n => Err(Error::Dictionary {
+                path: path.to_path_buf(),
+                message: format!(
+                    "holds a set of {n} transcoders, one per layer: load it with \
+                     `Dictionary::load_all` (the CLI's `--sae` and Python's `sae=` attach them \
+                     all), or name one layer's file"
+                ),
+            }),
+        }
+    }
+
+    /// Loads every dictionary at `path`: one for the formats [`Dictionary::load`] reads, one
+    /// per layer for a circuit-tracer transcoder set (a folder holding `config.yaml`, or that
+    /// file). Files its config names as `hf://` references are refused; see
+    /// [`Dictionary::load_all_with`].
+    pub fn load_all(path: &Path, device: &Device) -> Result<Vec<Dictionary>> {
+        let local_only = |uri: &str| -> Result<PathBuf> {
+            Err(Error::Dictionary {
+                path: path.to_path_buf(),
+                message: format!(
+                    "names the hub file `{uri}`; load it through \
+                     `ModelSource::load_dictionaries`, which fetches hub files"
+                ),
+            })
+        };
+        Dictionary::load_all_with(path, device, &local_only)
+    }
+
+    /// [`Dictionary::load_all`], resolving the `hf://` references of a transcoder set's
+    /// config with `hub`.
+    pub fn load_all_with(
+        path: &Path,
+        device: &Device,
+        hub: HubFiles<'_>,
+    ) -> Result<Vec<Dictionary>> {
         let error = |message: String| Error::Dictionary {
             path: path.to_path_buf(),
             message,
         };
         if path.is_file() {
+            if let Some(config) = circuit_tracer::set_holding(path) {
+                return Ok(vec![circuit_tracer::load_layer_file(
+                    &config, path, device,
+                )?]);
+            }
             return match path.extension().and_then(|e| e.to_str()) {
-                Some("npz") => npz::load(path, device),
+                Some("npz") => Ok(vec![npz::load(path, device)?]),
+                Some("yaml" | "yml") => circuit_tracer::load_set(path, device, hub),
                 _ => Err(error(
-                    "expected a folder (SAELens' cfg.json and sae_weights.safetensors, or Gemma \
-                     Scope's params.npz) or a .npz file"
+                    "expected a folder (SAELens' cfg.json and sae_weights.safetensors, Gemma \
+                     Scope's params.npz, or a circuit-tracer config.yaml), a .npz file, or a \
+                     layer's file of a circuit-tracer set"
                         .into(),
                 )),
             };
@@ -80,35 +154,51 @@ impl Dictionary {
                     weights.display()
                 )));
             }
-            return Dictionary::from_checkpoint(config, &Checkpoint::open_file(&weights)?, device);
+            let checkpoint = Checkpoint::open_file(&weights)?;
+            return Ok(vec![Dictionary::from_checkpoint(
+                config,
+                &checkpoint,
+                SAE_LENS,
+                device,
+            )?]);
+        }
+        let set = path.join(circuit_tracer::CONFIG);
+        if set.is_file() {
+            return circuit_tracer::load_set(&set, device, hub);
         }
         let params = path.join("params.npz");
         if params.is_file() {
-            return npz::load(&params, device);
+            return Ok(vec![npz::load(&params, device)?]);
         }
         Err(error(
-            "holds neither cfg.json (SAELens) nor params.npz (Gemma Scope)".into(),
+            "holds neither cfg.json (SAELens), config.yaml (circuit-tracer) nor params.npz \
+             (Gemma Scope)"
+                .into(),
         ))
     }
 
     /// Builds the dictionary `config` describes from the tensors of `checkpoint` (SAELens'
     /// names: `W_enc [d_in, F]`, `b_enc`, `W_dec [F, d_out]`, `b_dec`, `threshold`, `b_gate`,
-    /// `r_mag`, `b_mag`, `W_skip [d_out, d_in]`). Every missing, misshapen or non-finite tensor
-    /// is reported at once, naming the file and key; so is one the dictionary does not use.
+    /// `r_mag`, `b_mag`, `W_skip [d_out, d_in]`; `names` says where a format differs). Every
+    /// missing, misshapen or non-finite tensor is reported at once, naming the file and key;
+    /// so is one the dictionary does not use.
     pub(crate) fn from_checkpoint(
         config: DictionaryConfig,
         checkpoint: &Checkpoint,
+        names: TensorNames,
         device: &Device,
     ) -> Result<Dictionary> {
         let (d_in, d_out, f) = (config.d_in, config.d_out, config.features);
         let mut loader = WeightLoader::new(checkpoint, device);
-        let w_enc: Tensor<2> = loader.tensor("W_enc", [d_in, f])?;
-        let mut w_dec: Tensor<2> = loader.tensor("W_dec", [f, d_out])?;
+        let w_enc: Tensor<2> = match names.encoder_out_in {
+            true => loader.tensor::<2>("W_enc", [f, d_in])?.transpose(),
+            false => loader.tensor("W_enc", [d_in, f])?,
+        };
         let b_dec: Tensor<1> = loader.tensor("b_dec", [d_out])?;
         let gated = config.activation == Activation::Gated;
         let mut b_enc: Tensor<1> = loader.tensor(if gated { "b_gate" } else { "b_enc" }, [f])?;
         let threshold = match config.activation {
-            Activation::JumpRelu => Some(loader.tensor("threshold", [f])?),
+            Activation::JumpRelu => Some(loader.tensor(names.threshold, [f])?),
             _ => None,
         };
         let magnitude_path = match gated {
@@ -122,6 +212,25 @@ impl Dictionary {
             true => Some(Linear::from_out_in(loader.tensor("W_skip", [d_out, d_in])?)),
             false => None,
         };
+        // The decoder is used as stored (f32, bf16 or f16), except where TopK's decoder-norm
+        // scaling is folded in (`pre * |W_dec row|`, decoding `features / |W_dec row|`, as
+        // SAELens folds them when it saves such a dictionary for inference): those rows change,
+        // so that decoder is held in f32. The encoder, which gets constants folded in, is f32.
+        let (decoder, decoder_norms) = match config.rescale_by_decoder_norm {
+            true => {
+                let rows: Tensor<2> = loader.tensor("W_dec", [f, d_out])?;
+                let norms = rows.clone().powf_scalar(2.0).sum_dim(1).sqrt().reshape([f]);
+                let rows = rows / norms.clone().unsqueeze_dim::<2>(1);
+                (Linear::from_in_out(rows, Some(b_dec.clone())), Some(norms))
+            }
+            false => {
+                let stored = checkpoint.precision_of("W_dec").unwrap_or(WeightDtype::F32);
+                loader = loader.with_dtype(stored);
+                let decoder =
+                    Linear::load_in_out(&mut loader, "W_dec", [f, d_out], Some(b_dec.clone()))?;
+                (decoder, None)
+            }
+        };
         let report = loader.finish()?;
         if !report.unused.is_empty() {
             return Err(Error::Dictionary {
@@ -134,18 +243,9 @@ impl Dictionary {
             });
         }
         let mut w_enc = w_enc;
-        if config.rescale_by_decoder_norm {
-            // TopK on `pre * |W_dec row|`, decoding `features / |W_dec row|`: folded into the
-            // weights, as SAELens folds them when it saves such a dictionary for inference.
-            let norms = w_dec
-                .clone()
-                .powf_scalar(2.0)
-                .sum_dim(1)
-                .sqrt()
-                .reshape([f]);
+        if let Some(norms) = decoder_norms {
             w_enc = w_enc * norms.clone().unsqueeze::<2>();
-            b_enc = b_enc * norms.clone();
-            w_dec = w_dec / norms.unsqueeze_dim::<2>(1);
+            b_enc = b_enc * norms;
         }
         // `(x - b_dec) W + b = x W + (b - b_dec W)`.
         let fold_b_dec = |w: &Tensor<2>, bias: Tensor<1>| match config.apply_b_dec_to_input {
@@ -168,15 +268,30 @@ impl Dictionary {
             encoder: Linear::from_in_out(w_enc, Some(encoder_bias)),
             magnitude,
             threshold,
-            decoder: Linear::from_in_out(w_dec, Some(b_dec)),
+            decoder,
             skip,
+            input_norm: None,
             config,
         })
+    }
+
+    /// The same dictionary reading its input through `norm` first (placement decides it).
+    pub(crate) fn reading_normalised(self, norm: Option<PlainNorm>) -> Dictionary {
+        Dictionary {
+            input_norm: norm,
+            ..self
+        }
     }
 
     /// Its settings.
     pub fn config(&self) -> &DictionaryConfig {
         &self.config
+    }
+
+    /// The precision its decoder is held in: as stored, except a TopK dictionary's whose rows
+    /// are rescaled at load (f32).
+    pub fn decoder_dtype(&self) -> WeightDtype {
+        self.decoder.dtype()
     }
 
     /// `x` normalised as the config says, with the per-row scale and shift that undo it.
@@ -211,6 +326,10 @@ impl FeatureDictionary for Dictionary {
     }
 
     fn encode(&self, input: Tensor<2>) -> Encoding {
+        let input = match &self.input_norm {
+            Some(norm) => norm.apply(input),
+            None => input,
+        };
         let (x, scale, shift) = self.normalize(input.clone());
         let pre = self.encoder.forward(x.clone());
         let features = match (self.config.activation, &self.threshold, &self.magnitude) {

@@ -6,7 +6,7 @@ use std::path::Path;
 use burn::tensor::Device;
 use npyz::npz::NpzArchive;
 
-use super::{Dictionary, DictionaryConfig};
+use super::{Dictionary, DictionaryConfig, SAE_LENS};
 use crate::checkpoint::Checkpoint;
 use crate::error::{Error, Result};
 
@@ -14,8 +14,28 @@ use crate::error::{Error, Result};
 /// a header claiming more is refused before anything is allocated from it.
 const MAX_EXPANSION: u64 = 1100;
 
-/// Loads a Gemma Scope `params.npz`.
+/// Loads a Gemma Scope `params.npz` (a sparse autoencoder).
 pub(super) fn load(path: &Path, device: &Device) -> Result<Dictionary> {
+    let (checkpoint, d_in, features) = read(path)?;
+    let config = DictionaryConfig::gemma_scope(path, d_in, features)?;
+    Dictionary::from_checkpoint(config, &checkpoint, SAE_LENS, device)
+}
+
+/// Loads a Gemma Scope transcoder's `params.npz` (a layer of a circuit-tracer set), reading
+/// hook `input` and writing hook `output`.
+pub(super) fn load_transcoder(
+    path: &Path,
+    input: String,
+    output: String,
+    device: &Device,
+) -> Result<Dictionary> {
+    let (checkpoint, d_in, features) = read(path)?;
+    let config = DictionaryConfig::gemma_scope(path, d_in, features)?.transcoder(input, output);
+    Dictionary::from_checkpoint(config, &checkpoint, SAE_LENS, device)
+}
+
+/// The arrays of a `params.npz` as a checkpoint, with `W_enc`'s `[d_in, features]`.
+fn read(path: &Path) -> Result<(Checkpoint, usize, usize)> {
     let error = |message: String| Error::Dictionary {
         path: path.to_path_buf(),
         message,
@@ -70,7 +90,5 @@ pub(super) fn load(path: &Path, device: &Device) -> Result<Dictionary> {
             "array `W_enc` has shape {encoder_shape:?}; expected [d_in, features]"
         )));
     };
-    let config = DictionaryConfig::gemma_scope(path, d_in, features)?;
-    let checkpoint = Checkpoint::from_f32_tensors(path, tensors)?;
-    Dictionary::from_checkpoint(config, &checkpoint, device)
+    Ok((Checkpoint::from_f32_tensors(path, tensors)?, d_in, features))
 }

@@ -1,38 +1,57 @@
 //! Where a dictionary attaches on a model, checked against the model's sites and sizes.
 
-use super::{AttachOptions, Dictionary, site_of_hook};
+use super::hook_names::{HookSite, site_of_hook};
+use super::{AttachOptions, Dictionary};
+use crate::adapter::{FeedForwardNorms, PlainNorm};
 use crate::error::{Error, Result};
-use crate::schema::{DictionaryPlacement, Dim, ModelLayout, Site};
+use crate::schema::{DictionaryPlacement, Dim, LayerSite, ModelLayout, Residual, Site};
 
-/// The placement of `dictionary` on a model of `layout` as `options` ask, or an error naming
+/// Where a dictionary attaches, and the norm it applies to its input first, if its input is a
+/// normalised value the model never holds (`ln2.hook_normalized`).
+pub(crate) struct Placed {
+    /// The sites it reads and writes.
+    pub placement: DictionaryPlacement,
+    /// The norm of the input site's value the dictionary encodes, without gain and bias.
+    pub input_norm: Option<PlainNorm>,
+}
+
+/// The placement of `dictionary` on a model of `layout` whose feed-forward norms are
+/// `norms` (see [`crate::CausalLm::feed_forward_norms`]) as `options` ask, or an error naming
 /// the site and sizes at fault.
 pub(crate) fn place(
     layout: &ModelLayout,
+    norms: &dyn Fn(usize) -> Option<FeedForwardNorms>,
     dictionary: &Dictionary,
     options: &AttachOptions,
-) -> Result<DictionaryPlacement> {
+) -> Result<Placed> {
     let config = dictionary.config();
     let error = |message: String| Error::Dictionary {
         path: config.path.clone(),
         message,
     };
-    let named = |given: &Option<String>, stored: &Option<String>, what: &str| -> Result<Site> {
+    let named = |given: &Option<String>, stored: &Option<String>, what: &str| {
         let name = given.as_ref().or(stored.as_ref()).ok_or_else(|| {
             error(format!(
                 "its config names no {what}; name one (`--sae SITE=PATH`, AttachOptions::site)"
             ))
         })?;
         let site = site_of_hook(name).map_err(|message| error(message.clone()))?;
-        layout.resolve(&site.to_string())?;
-        Ok(site)
+        served(layout, norms, name, site).map_err(error)
     };
-    let (site, input) = match config.transcoder {
+    let (site, (input, input_norm)) = match config.transcoder {
         true => {
-            let site = named(
+            let (site, norm) = named(
                 &options.site,
                 &config.hook_out,
                 "output site (`hook_name_out`)",
             )?;
+            if norm.is_some() {
+                return Err(error(
+                    "its output is a normalised value the model never holds; a dictionary \
+                     writes a site the model serves"
+                        .into(),
+                ));
+            }
             let input = named(&options.input, &config.hook, "input site (`hook_name`)")?;
             (site, input)
         }
@@ -44,8 +63,15 @@ pub(crate) fn place(
                         .into(),
                 ));
             }
-            let site = named(&options.site, &config.hook, "site (`hook_name`)")?;
-            (site, site)
+            let (site, norm) = named(&options.site, &config.hook, "site (`hook_name`)")?;
+            if norm.is_some() {
+                return Err(error(
+                    "a sparse autoencoder on `ln2.hook_normalized` would write back a value the \
+                     model never holds; only a transcoder can read it"
+                        .into(),
+                ));
+            }
+            (site, (site, None))
         }
     };
     if !matches!(site, Site::Layer { .. }) {
@@ -76,12 +102,60 @@ pub(crate) fn place(
             config.d_out
         )));
     }
-    Ok(DictionaryPlacement {
-        site,
-        input,
-        features: config.features,
-        head,
+    Ok(Placed {
+        placement: DictionaryPlacement {
+            site,
+            input,
+            features: config.features,
+            head,
+        },
+        input_norm,
     })
+}
+
+/// The served site a hook name stands for on this model, with the norm to apply to its value
+/// where the hook is a normalised value the model does not hold.
+fn served(
+    layout: &ModelLayout,
+    norms: &dyn Fn(usize) -> Option<FeedForwardNorms>,
+    name: &str,
+    hook: HookSite,
+) -> std::result::Result<(Site, Option<PlainNorm>), String> {
+    let declared = |layer: usize| {
+        norms(layer).ok_or_else(|| {
+            format!(
+                "`{name}` needs to know layer {layer}'s feed-forward norms, which this model's \
+                 adapter does not declare (or the layer has no feed-forward part)"
+            )
+        })
+    };
+    let (site, norm) = match hook {
+        HookSite::Served(site) => (site, None),
+        HookSite::MlpOwnOutput { layer } => {
+            if declared(layer)?.output_norm {
+                return Err(format!(
+                    "`{name}` is the MLP's output before the norm that follows it in this \
+                     model, a value hookscope does not serve (`layers.{layer}.mlp_output` is \
+                     after that norm: TransformerLens' `hook_mlp_out`)"
+                ));
+            }
+            (Site::layer(layer, LayerSite::MlpOutput), None)
+        }
+        HookSite::NormalizedMlpInput { layer } => {
+            let norm = declared(layer)?.input.ok_or_else(|| {
+                format!("`{name}`: layer {layer}'s feed-forward part reads through no norm")
+            })?;
+            let read = match layout.layers.get(layer).map(|spec| spec.residual) {
+                Some(Residual::Parallel) => LayerSite::LayerInput,
+                _ => LayerSite::ResidualMid,
+            };
+            (Site::layer(layer, read), Some(norm))
+        }
+    };
+    layout
+        .resolve(&site.to_string())
+        .map_err(|e| format!("`{name}`: {e}"))?;
+    Ok((site, norm))
 }
 
 /// The width a dictionary reads at `site`: its last axis for `[B, T, X]`, the heads' together

@@ -11,7 +11,7 @@ use std::cell::OnceCell;
 use burn::tensor::Tensor;
 
 use super::{Embedding, GatedMlp, LmHead, ProjectedAttention, RmsNorm, Rotary, SparseMoe};
-use crate::adapter::{CausalLm, OutputHead};
+use crate::adapter::{CausalLm, FeedForwardNorms, OutputHead};
 use crate::call::Call;
 use crate::error::Result;
 use crate::nn::residual_block;
@@ -262,5 +262,13 @@ impl<M: Mixer, F: FeedForward> CausalLm for HybridDecoder<M, F> {
 
     fn output_head(&self) -> &dyn OutputHead {
         &self.parts.head
+    }
+
+    fn feed_forward_norms(&self, layer: usize) -> Option<FeedForwardNorms> {
+        let layer = self.parts.layers.get(layer)?;
+        Some(FeedForwardNorms {
+            input: layer.post_norm.as_ref().map(RmsNorm::plain),
+            output_norm: layer.output_norms.is_some(),
+        })
     }
 }

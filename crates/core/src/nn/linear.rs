@@ -15,7 +15,8 @@ use burn::tensor::Tensor;
 use super::embedding::{Embedding, Table};
 use crate::cpu::{self, PackedMatrix};
 use crate::error::Result;
-use crate::weights::{Matrix, Orientation, WeightScope, index_tensor};
+use crate::precision::WeightDtype;
+use crate::weights::{Matrix, Orientation, WeightLoader, WeightScope, index_tensor};
 
 /// How the parts of a fused projection are laid out along its outputs (see [`Linear::split`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -151,6 +152,30 @@ impl Linear {
                     })
                     .collect()
             }
+        }
+    }
+
+    /// The loader's stored `[in, out]` matrix `name`, in the load's precision (packed straight
+    /// from the checkpoint's bytes on the CPU backend), with an optional bias `[out]`: e.g. a
+    /// dictionary's decoder, used as stored.
+    pub(crate) fn load_in_out(
+        loader: &mut WeightLoader<'_>,
+        name: &str,
+        shape: [usize; 2],
+        bias: Option<Tensor<1>>,
+    ) -> Result<Self> {
+        let weight = match loader.matrix(name, shape, Orientation::InOut)? {
+            Matrix::Packed(packed) => Weight::Packed(Arc::new(packed)),
+            Matrix::Tensor(tensor) => Weight::Tensor(tensor),
+        };
+        Ok(Linear { weight, bias })
+    }
+
+    /// The precision its matrix is held in.
+    pub fn dtype(&self) -> WeightDtype {
+        match &self.weight {
+            Weight::Packed(packed) => packed.dtype(),
+            Weight::Tensor(_) => WeightDtype::F32,
         }
     }
 

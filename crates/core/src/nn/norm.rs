@@ -3,8 +3,22 @@
 use burn::tensor::Tensor;
 use burn::tensor::module::layer_norm;
 
+use crate::adapter::PlainNorm;
 use crate::error::Result;
 use crate::weights::WeightScope;
+
+impl PlainNorm {
+    /// Normalises the last axis of `x`, with no gain or bias.
+    pub fn apply<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
+        match *self {
+            PlainNorm::Rms { eps } => rms_normalise(x, eps),
+            PlainNorm::Layer { eps } => {
+                let (variance, mean) = x.clone().var_mean_bias(D - 1);
+                (x - mean) * (variance + eps).sqrt().recip()
+            }
+        }
+    }
+}
 
 /// LayerNorm over the last axis, with weight and bias.
 #[derive(Debug, Clone)]
@@ -28,6 +42,11 @@ impl LayerNorm {
     /// Normalises the last axis.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         layer_norm(x, self.weight.clone(), Some(self.bias.clone()), self.eps)
+    }
+
+    /// Its arithmetic without the weight and bias.
+    pub fn plain(&self) -> PlainNorm {
+        PlainNorm::Layer { eps: self.eps }
     }
 
     /// The norm of `reference` `[B, T, H]` applied to `parts` `[B, T, N, H]` with the
@@ -73,6 +92,11 @@ impl RmsNorm {
     /// Normalises the last axis.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         rms_normalise(x, self.eps) * self.weight.clone().unsqueeze()
+    }
+
+    /// Its arithmetic without the weight.
+    pub fn plain(&self) -> PlainNorm {
+        PlainNorm::Rms { eps: self.eps }
     }
 
     /// The norm of `reference` `[B, T, H]` applied to `parts` `[B, T, N, H]` with the

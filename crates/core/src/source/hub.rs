@@ -59,9 +59,16 @@ fn shard_files(index: &Path) -> Result<Vec<String>> {
     Ok(files)
 }
 
-/// A feature dictionary's files in a hub repository: SAELens' pair, else Gemma Scope's one.
-const DICTIONARY_LAYOUTS: [&[&str]; 2] =
-    [&["cfg.json", "sae_weights.safetensors"], &["params.npz"]];
+/// A feature dictionary's files in a hub repository: SAELens' pair, else Gemma Scope's one,
+/// else a circuit-tracer set's config (whose layer files are fetched after it).
+const DICTIONARY_LAYOUTS: [&[&str]; 3] = [
+    &["cfg.json", "sae_weights.safetensors"],
+    &["params.npz"],
+    &["config.yaml"],
+];
+
+/// Most `layer_L.safetensors` files fetched beside a transcoder set's config.
+const MAX_SET_LAYERS: usize = 4096;
 
 /// Makes the dictionary folder `folder` of hub repository `repo` present in the cache at
 /// `cache_dir` (only the cache when `offline`); returns that folder in its snapshot.
@@ -97,16 +104,85 @@ pub(super) fn fetch_dictionary(
     for layout in DICTIONARY_LAYOUTS {
         let files: Option<Vec<PathBuf>> = layout.iter().map(|file| get(file)).collect();
         if let Some(first) = files.and_then(|files| files.into_iter().next()) {
+            if layout == ["config.yaml"] {
+                // A set that lists no files reads the layer files beside its config: fetch
+                // them, layer 0 up to the first absent (as circuit-tracer counts them).
+                let _ = (0..MAX_SET_LAYERS)
+                    .take_while(|layer| get(&format!("layer_{layer}.safetensors")).is_some())
+                    .count();
+            }
             return Ok(super::snapshot_dir(&first));
         }
     }
     Err(not_found(format!(
-        "neither {folder}/cfg.json with {folder}/sae_weights.safetensors (SAELens) nor \
-         {folder}/params.npz (Gemma Scope) is in the Hugging Face cache at {}{}",
+        "neither {folder}/cfg.json with {folder}/sae_weights.safetensors (SAELens), \
+         {folder}/params.npz (Gemma Scope) nor {folder}/config.yaml (circuit-tracer) is in the \
+         Hugging Face cache at {}{}",
         cache_dir.display(),
         match offline {
             true => " and HF_HUB_OFFLINE is set",
             false => " or could be downloaded",
         }
     )))
+}
+
+/// The local copy of the hub file an `hf://owner/repo/path/in/repo[?revision=R]` reference
+/// names (a circuit-tracer set's layer file), from the cache at `cache_dir` or, unless
+/// `offline`, downloaded into it.
+pub(super) fn fetch_uri(uri: &str, cache_dir: &Path, offline: bool) -> Result<PathBuf> {
+    let error = |message: String| Error::Dictionary {
+        path: PathBuf::from(uri),
+        message,
+    };
+    let rest = uri
+        .strip_prefix("hf://")
+        .ok_or_else(|| error("expected an hf://owner/repo/file reference".into()))?;
+    let (path, revision) = match rest.split_once('?') {
+        Some((path, query)) => {
+            let revision = query
+                .split('&')
+                .find_map(|pair| pair.strip_prefix("revision="))
+                .filter(|r| !r.is_empty());
+            (path, revision)
+        }
+        None => (rest, None),
+    };
+    let parts: Vec<&str> = path.splitn(3, '/').collect();
+    let [owner, name, file] = parts[..] else {
+        return Err(error("expected an hf://owner/repo/file reference".into()));
+    };
+    if [owner, name, file].iter().any(|part| part.is_empty()) {
+        return Err(error("expected an hf://owner/repo/file reference".into()));
+    }
+    let repo = match revision {
+        Some(revision) => hf_hub::Repo::with_revision(
+            format!("{owner}/{name}"),
+            hf_hub::RepoType::Model,
+            revision.to_string(),
+        ),
+        None => hf_hub::Repo::model(format!("{owner}/{name}")),
+    };
+    if let Some(cached) = hf_hub::Cache::new(cache_dir.to_path_buf())
+        .repo(repo.clone())
+        .get(file)
+    {
+        return Ok(cached);
+    }
+    if offline {
+        return Err(error(format!(
+            "not in the Hugging Face cache at {} and HF_HUB_OFFLINE is set",
+            cache_dir.display()
+        )));
+    }
+    hf_hub::api::sync::ApiBuilder::from_env()
+        .with_cache_dir(cache_dir.to_path_buf())
+        .with_progress(false)
+        .build()
+        .and_then(|api| api.repo(repo).get(file))
+        .map_err(|e| {
+            error(format!(
+                "not in the Hugging Face cache at {} and could not be downloaded: {e}",
+                cache_dir.display()
+            ))
+        })
 }

@@ -7,8 +7,11 @@ use std::path::{Path, PathBuf};
 
 use serde_json::Value;
 
+use burn::tensor::Device;
+
 use crate::checkpoint::Checkpoint;
 use crate::config::{ArchConfig, parse_json, read_json};
+use crate::dictionary::Dictionary;
 use crate::error::{Error, Result};
 use crate::tokenizer::Tokenizer;
 
@@ -83,8 +86,9 @@ impl ModelSource {
 
     /// Resolves a feature dictionary: a local folder or file, or else a hub path
     /// `owner/repo/folder/...` (a dictionary folder in a hub repository, e.g.
-    /// `google/gemma-scope-2b-pt-res/layer_20/width_16k/average_l0_71`), fetched through the
-    /// hub cache as models are ([`ModelSource::resolve`]); returns the local path to load.
+    /// `google/gemma-scope-2b-pt-res/layer_20/width_16k/average_l0_71`, or a circuit-tracer
+    /// set's folder with its `layer_L.safetensors`), fetched through the hub cache as models
+    /// are ([`ModelSource::resolve`]); returns the local path to load.
     pub fn resolve_dictionary(spec: &str) -> Result<PathBuf> {
         ModelSource::resolve_dictionary_in(spec, &hub_cache_dir(), hub_offline())
     }
@@ -102,6 +106,26 @@ impl ModelSource {
         }
         let repo = format!("{}/{}", parts[0], parts[1]);
         hub::fetch_dictionary(&repo, parts[2].trim_end_matches('/'), cache_dir, offline)
+    }
+
+    /// Loads every dictionary `spec` names ([`ModelSource::resolve_dictionary`], then
+    /// [`Dictionary::load_all_with`]): one, or a circuit-tracer set's one per layer, with the
+    /// set's `hf://` files taken from the hub cache (downloaded unless `HF_HUB_OFFLINE`).
+    pub fn load_dictionaries(spec: &str, device: &Device) -> Result<Vec<Dictionary>> {
+        ModelSource::load_dictionaries_in(spec, device, &hub_cache_dir(), hub_offline())
+    }
+
+    /// [`ModelSource::load_dictionaries`] with an explicit hub cache directory and offline
+    /// switch.
+    pub fn load_dictionaries_in(
+        spec: &str,
+        device: &Device,
+        cache_dir: &Path,
+        offline: bool,
+    ) -> Result<Vec<Dictionary>> {
+        let path = ModelSource::resolve_dictionary_in(spec, cache_dir, offline)?;
+        let hub_file = |uri: &str| hub::fetch_uri(uri, cache_dir, offline);
+        Dictionary::load_all_with(&path, device, &hub_file)
     }
 
     /// How this source is named in messages.
