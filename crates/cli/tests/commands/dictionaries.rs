@@ -299,3 +299,31 @@ fn patch_and_lens_take_dictionary_sites() {
     assert_eq!(lens(&["--sae", &sae]), lens(&[]));
     assert_ne!(lens(&["--sae", &sae, "--sae-without-error"]), lens(&[]));
 }
+
+#[test]
+fn a_transcoder_set_attaches_every_layer_and_a_site_is_for_one_dictionary_alone() {
+    let (_keep, model) = model();
+    let set = dictionary("ct-gpt2-normalized");
+    let report = json(&hookscope(&[
+        "features", &model, "--sae", &set, "--prompt", "A,B;C", "--json",
+    ]));
+    let sites: Vec<&str> = report["dictionaries"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["site"].as_str().unwrap())
+        .collect();
+    assert_eq!(
+        sites,
+        [
+            "layers.0.mlp_output",
+            "layers.1.mlp_output",
+            "layers.2.mlp_output"
+        ]
+    );
+    let named = format!("layers.1.mlp_output={set}");
+    let output = hookscope(&["run", &model, "--prompt", "A", "--sae", &named]);
+    assert_eq!(output.status.code(), Some(1));
+    let message = String::from_utf8_lossy(&output.stderr);
+    assert!(message.contains("one of a set of 3"), "{message}");
+}
