@@ -11,6 +11,7 @@ mod model_arg;
 mod patch;
 mod plot;
 mod run;
+mod serve;
 mod sites;
 mod tokens;
 
@@ -73,6 +74,10 @@ enum Command {
     /// One layer's attention patterns as a heatmap image (--png) or a text view.
     #[command(after_help = GLOSSARY)]
     Attention(attention::AttentionArgs),
+    /// Serve the model behind a local HTTP API (`/v1/model`, `/v1/sites`, `/v1/run`) until
+    /// Ctrl-C.
+    #[command(after_help = GLOSSARY)]
+    Serve(serve::ServeArgs),
     /// List every site of a model with its shape at the prompt call and at a decode step.
     #[command(after_help = GLOSSARY)]
     Sites(sites::SitesArgs),
@@ -107,7 +112,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     // Generation with saved sites allocates fresh buffers every step: keep freed memory.
     hookscope::memory::keep_freed_memory();
-    if let Err(error) = interrupt::remove_partial_output_on_interrupt() {
+    // The server stops on its own signals, finishing the requests in flight.
+    let serving = matches!(cli.command, Command::Serve(_));
+    if !serving && let Err(error) = interrupt::remove_partial_output_on_interrupt() {
         eprintln!(
             "warning: cannot watch for interruption ({error}); an interrupted --out may leave a temporary file"
         );
@@ -127,6 +134,7 @@ fn main() -> ExitCode {
         Command::Features(args) => features::features(&args).map(|()| ExitCode::SUCCESS),
         Command::Attention(args) => attention::attention(&args).map(|()| ExitCode::SUCCESS),
         Command::Sites(args) => sites::sites(&args).map(|()| ExitCode::SUCCESS),
+        Command::Serve(args) => serve::serve(&args).map(|()| ExitCode::SUCCESS),
         Command::Archs => {
             archs();
             Ok(ExitCode::SUCCESS)

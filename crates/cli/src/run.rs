@@ -4,15 +4,12 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use hookscope::burn::tensor::TensorData;
-use hookscope::decoding::{DecodingChoice, top_k};
+use hookscope::decoding::DecodingChoice;
 use hookscope::hooks::RequestSpecs;
 use hookscope::{
-    Error, Generation, GenerationConfig, Interventions, Model, Result, Saved, Steps, Trace,
+    Error, Generation, GenerationConfig, Interventions, Model, Result, Saved, Steps, Trace, report,
 };
 use serde_json::json;
-
-use crate::tokens::token_text;
 
 /// Arguments of `hookscope run`.
 #[derive(Debug, Args)]
@@ -152,13 +149,15 @@ pub fn run(args: &RunArgs) -> Result<()> {
         return report_generation(&model, args, &generation);
     }
     let trace = model.trace(&batch, &interventions)?;
-    let top = top_tokens(&model, &trace, args.top)?;
     if let Some(path) = &args.out {
         write_out(path, &trace.saved, (&trace.batch.ids, &trace.batch.mask))?;
     }
     if args.json {
-        print_json(args, &trace, &top);
+        let mut report = report::trace_json(&model, &args.prompts, &trace, args.top)?;
+        report["out"] = json!(args.out);
+        println!("{report:#}");
     } else {
+        let top = report::top_next_tokens(&model, &trace, args.top)?;
         print_text(&prompts, &trace, &top, args.out.as_ref());
     }
     Ok(())
@@ -220,43 +219,6 @@ fn check_saved_size(
     )
 }
 
-/// One candidate next token.
-struct Candidate {
-    id: usize,
-    text: String,
-    probability: f32,
-}
-
-fn top_tokens(model: &Model, trace: &Trace, k: usize) -> Result<Vec<Vec<Candidate>>> {
-    let next_token_probs = trace.next_token_probs()?;
-    let [_, vocab] = next_token_probs.dims();
-    let probs = hookscope::host::f32_values(next_token_probs.to_data())?;
-    probs
-        .chunks(vocab.max(1))
-        .map(|row| candidates(model, top_k(row, k)))
-        .collect()
-}
-
-/// The candidates `(id, probability)` with their text.
-fn candidates(model: &Model, top: Vec<(usize, f32)>) -> Result<Vec<Candidate>> {
-    top.into_iter()
-        .map(|(id, probability)| {
-            Ok(Candidate {
-                id,
-                text: token_text(model, id)?,
-                probability,
-            })
-        })
-        .collect()
-}
-
-fn candidates_json(candidates: &[Candidate]) -> Vec<serde_json::Value> {
-    candidates
-        .iter()
-        .map(|c| json!({"id": c.id, "token": c.text, "probability": c.probability}))
-        .collect()
-}
-
 /// Writes `{site}@{step}` for every saved value, `output_ids` and, for a padded batch,
 /// `attention_mask` (both i64 `[B, len]`).
 fn write_out(
@@ -264,82 +226,27 @@ fn write_out(
     saved: &Saved,
     (ids, mask): (&Vec<Vec<u32>>, &Vec<Vec<bool>>),
 ) -> Result<()> {
-    let mut tensors: Vec<(String, TensorData)> = saved
-        .iter()
-        .map(|entry| (entry.key(), entry.to_data()))
-        .collect();
-    let shape = [ids.len(), ids.first().map_or(0, Vec::len)];
-    let flat_ids: Vec<i64> = ids.iter().flatten().map(|id| i64::from(*id)).collect();
-    tensors.push(("output_ids".into(), TensorData::new(flat_ids, shape)));
-    if mask.iter().flatten().any(|real| !real) {
-        let flat_mask: Vec<i64> = mask.iter().flatten().map(|m| i64::from(*m)).collect();
-        tensors.push(("attention_mask".into(), TensorData::new(flat_mask, shape)));
-    }
-    hookscope::output::write_safetensors(path, &tensors)
+    hookscope::output::write_safetensors(path, &report::saved_tensors(saved, ids, mask))
 }
 
 fn report_generation(model: &Model, args: &RunArgs, generation: &Generation) -> Result<()> {
-    let continuation = |row: usize| -> Result<String> {
-        let tokens = generation.new_tokens(row);
-        match model.tokenizer() {
-            Some(tokenizer) => tokenizer.decode(tokens),
-            None => Ok(format!("{tokens:?}")),
-        }
-    };
-    let saved: Vec<_> = generation
-        .saved
-        .iter()
-        .map(|entry| (entry.key(), entry.shape().to_vec()))
-        .collect();
     if args.json {
-        let prompts = args
-            .prompts
-            .iter()
-            .enumerate()
-            .map(|(row, prompt)| {
-                let steps = generation.top_next_tokens[row]
-                    .iter()
-                    .enumerate()
-                    .map(|(step, top)| {
-                        let top = top.iter().take(args.top).map(|(id, p)| (*id as usize, *p));
-                        let top = candidates(model, top.collect())?;
-                        Ok(json!({
-                            "step": step,
-                            "token": generation.new_tokens(row).get(step),
-                            "top_next_tokens": candidates_json(&top),
-                        }))
-                    })
-                    .collect::<Result<Vec<_>>>()?;
-                Ok(json!({
-                    "prompt": prompt,
-                    "input_ids": prompt_ids(generation, row),
-                    "new_ids": generation.new_tokens(row),
-                    "continuation": continuation(row)?,
-                    "steps": steps,
-                }))
-            })
-            .collect::<Result<Vec<_>>>()?;
-        let saved: Vec<_> = saved
-            .iter()
-            .map(|(key, shape)| json!({"key": key, "shape": shape}))
-            .collect();
-        let report = json!({
-            "prompts": prompts, "steps": generation.steps, "saved": saved, "out": args.out,
-        });
+        let mut report = report::generation_json(model, &args.prompts, generation, args.top)?;
+        report["out"] = json!(args.out);
         println!("{report:#}");
         return Ok(());
     }
     for (row, prompt) in args.prompts.iter().enumerate() {
-        println!("{prompt}{}", continuation(row)?);
+        println!("{prompt}{}", report::continuation(model, generation, row)?);
     }
-    if !saved.is_empty() {
+    if !generation.saved.is_empty() {
         let keep = match &args.out {
             Some(_) => "",
             None => " (add --out FILE.safetensors to keep them)",
         };
         println!(
             "saved {} values over {} steps{keep}:",
-            saved.len(),
+            generation.saved.len(),
             generation.steps
         );
         for line in saved_by_site(&generation.saved) {
@@ -350,17 +257,6 @@ fn report_generation(model: &Model, args: &RunArgs, generation: &Generation) -> 
         println!("wrote {}", path.display());
     }
     Ok(())
-}
-
-/// Row `row`'s prompt ids, without left padding.
-fn prompt_ids(generation: &Generation, row: usize) -> Vec<u32> {
-    let prompt = generation.prompt_len;
-    generation.output_ids[row][..prompt]
-        .iter()
-        .zip(&generation.attention_mask[row][..prompt])
-        .filter(|(_, real)| **real)
-        .map(|(id, _)| *id)
-        .collect()
 }
 
 /// One line per saved site: its shape at each step, the middle steps elided past four.
@@ -393,7 +289,12 @@ fn saved_by_site(saved: &Saved) -> Vec<String> {
         .collect()
 }
 
-fn print_text(prompts: &[&str], trace: &Trace, top: &[Vec<Candidate>], out: Option<&PathBuf>) {
+fn print_text(
+    prompts: &[&str],
+    trace: &Trace,
+    top: &[Vec<report::Candidate>],
+    out: Option<&PathBuf>,
+) {
     for (prompt, candidates) in prompts.iter().zip(top) {
         println!("prompt: {prompt:?}");
         for candidate in candidates {
@@ -412,27 +313,4 @@ fn print_text(prompts: &[&str], trace: &Trace, top: &[Vec<Candidate>], out: Opti
     if let Some(path) = out {
         println!("wrote {}", path.display());
     }
-}
-
-fn print_json(args: &RunArgs, trace: &Trace, top: &[Vec<Candidate>]) {
-    let prompts: Vec<_> = args
-        .prompts
-        .iter()
-        .zip(top)
-        .zip(&trace.batch.ids)
-        .map(|((prompt, candidates), ids)| {
-            json!({
-                "prompt": prompt,
-                "input_ids": ids,
-                "top_next_tokens": candidates_json(candidates),
-            })
-        })
-        .collect();
-    let saved: Vec<_> = trace
-        .saved
-        .iter()
-        .map(|entry| json!({"key": entry.key(), "shape": entry.shape()}))
-        .collect();
-    let report = json!({"prompts": prompts, "saved": saved, "out": args.out});
-    println!("{report:#}");
 }

@@ -1,14 +1,7 @@
 //! Token text for reports: decoding single ids and prompt tokens as labels.
 
+pub use hookscope::report::token_text;
 use hookscope::{Batch, Model, Result};
-
-/// The text of one token, or `<ID>` for a model without a tokenizer.
-pub fn token_text(model: &Model, id: usize) -> Result<String> {
-    match model.tokenizer() {
-        Some(tokenizer) => tokenizer.decode(&[id as u32]),
-        None => Ok(format!("<{id}>")),
-    }
-}
 
 /// The tokens of row `row` of `batch` (padding skipped) as text labels.
 pub fn prompt_labels(model: &Model, batch: &Batch, row: usize) -> Result<Vec<String>> {

@@ -27,13 +27,13 @@ pub fn remove_partial_files() {
     }
 }
 
-/// Writes named tensors (f32, i64, i32 or bool data) to a safetensors file, atomically.
-pub fn write_safetensors(path: &Path, tensors: &[(String, TensorData)]) -> Result<()> {
-    let error = |message: String| Error::Output {
-        path: path.to_path_buf(),
-        message,
-    };
-    let views = tensors
+/// Named tensors (f32, i64, i32 or bool data) as safetensors views; `error` says what is
+/// wrong with one.
+fn views<'t>(
+    tensors: &'t [(String, TensorData)],
+    error: &dyn Fn(String) -> Error,
+) -> Result<Vec<(&'t str, TensorView<'t>)>> {
+    tensors
         .iter()
         .map(|(name, data)| {
             let dtype = match data.dtype() {
@@ -47,7 +47,30 @@ pub fn write_safetensors(path: &Path, tensors: &[(String, TensorData)]) -> Resul
                 .map_err(|e| error(format!("`{name}`: {e}")))?;
             Ok((name.as_str(), view))
         })
-        .collect::<Result<Vec<_>>>()?;
+        .collect()
+}
+
+/// Named tensors (f32, i64, i32 or bool data) as the bytes of a safetensors file, with
+/// `metadata` in its header (what a server answers with).
+pub fn safetensors_bytes(
+    tensors: &[(String, TensorData)],
+    metadata: std::collections::HashMap<String, String>,
+) -> Result<Vec<u8>> {
+    let error = |message: String| Error::Output {
+        path: PathBuf::from("<answer>"),
+        message,
+    };
+    let views = views(tensors, &error)?;
+    safetensors::serialize(views, Some(metadata)).map_err(|e| error(e.to_string()))
+}
+
+/// Writes named tensors (f32, i64, i32 or bool data) to a safetensors file, atomically.
+pub fn write_safetensors(path: &Path, tensors: &[(String, TensorData)]) -> Result<()> {
+    let error = |message: String| Error::Output {
+        path: path.to_path_buf(),
+        message,
+    };
+    let views = views(tensors, &error)?;
     let directory = match path.parent() {
         Some(parent) if !parent.as_os_str().is_empty() => parent,
         _ => Path::new("."),

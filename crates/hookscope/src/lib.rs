@@ -13,7 +13,7 @@
 #![deny(unused_crate_dependencies)]
 
 pub use hookscope_core::*;
-pub use hookscope_tools::{analysis, extract};
+pub use hookscope_tools::{analysis, extract, report};
 
 use hookscope_core::registry::Registration;
 

@@ -2,8 +2,6 @@
 exceptions, and writes matching the CLI's."""
 
 import json
-import os
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -153,14 +151,7 @@ def test_errors_are_exceptions_with_the_clis_messages(default):
     assert issubclass(hookscope.SiteError, hookscope.Error)
 
 
-def test_steering_and_patching_match_the_cli(default, tmp_path):
-    binary = os.environ.get("HOOKSCOPE_BIN") or shutil.which("hookscope")
-    if binary is None:
-        candidate = ROOT / "target" / "debug" / "hookscope"
-        binary = str(candidate) if candidate.exists() else None
-    if binary is None:
-        pytest.skip("no hookscope binary (set HOOKSCOPE_BIN)")
-    assert Path(binary).exists(), f"HOOKSCOPE_BIN={binary} does not exist"
+def test_steering_and_patching_match_the_cli(default, binary, tmp_path):
     steer = np.random.default_rng(0).standard_normal(64).astype(np.float32)
     patch = np.random.default_rng(1).standard_normal((1, 2, 64)).astype(np.float32)
     save_file({"steer": steer, "patch": patch}, str(tmp_path / "ops.safetensors"))

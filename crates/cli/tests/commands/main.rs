@@ -6,5 +6,6 @@ mod cli;
 mod dictionaries;
 mod extract;
 mod plugin;
+mod serve;
 mod support;
 mod toolkit;

@@ -8,8 +8,12 @@ names, on a single forward call or at every step of generation.
     g.saved["layers.1.layer_output@0"].shape   # (1, 10, 32)
 
 Site, step and index syntax is the CLI's (`docs/SCHEMA.md`): `PATTERN[INDEX][@STEPS]`.
+`hookscope.Client(url, token=...)` has the same `trace`, `generate` and `sites` for a model
+served by `hookscope serve`.
 """
 
 from ._native import Error, InputError, LoadError, Model, Run, SiteError, WriteError
+from .client import Client, RemoteRun, ServerError
 
-__all__ = ["Model", "Run", "Error", "LoadError", "SiteError", "WriteError", "InputError"]
+__all__ = ["Model", "Run", "Error", "LoadError", "SiteError", "WriteError", "InputError",
+           "Client", "RemoteRun", "ServerError"]
