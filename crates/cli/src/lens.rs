@@ -2,12 +2,10 @@
 //! norm and head, as a table of top tokens per layer and position, or JSON.
 
 use clap::Args;
-use hookscope::{Error, Interventions, Result};
-use serde_json::json;
+use hookscope::report::{self, LensLayer};
+use hookscope::{Error, Result};
 
-use hookscope::decoding::top_k;
-
-use crate::tokens::{prompt_labels, token_text};
+use crate::tokens::prompt_labels;
 
 /// Arguments of `hookscope lens`.
 #[derive(Debug, Args)]
@@ -26,9 +24,6 @@ pub struct LensArgs {
     json: bool,
 }
 
-/// One layer's top tokens at every position: `[position][rank] = (id, text, prob)`.
-type LayerTop = Vec<Vec<(usize, String, f32)>>;
-
 /// Runs the lens and prints it.
 pub fn lens(args: &LensArgs) -> Result<()> {
     if args.top_k == 0 {
@@ -36,55 +31,13 @@ pub fn lens(args: &LensArgs) -> Result<()> {
     }
     let model = args.model.load()?;
     let batch = model.encode(&[args.prompt.as_str()])?;
-    let lens = hookscope::analysis::logit_lens(&model, &batch, &Interventions::new())?;
-    let mut layers: Vec<LayerTop> = Vec::with_capacity(lens.layers().min(1024));
-    for layer in 0..lens.layers() {
-        let probs = lens.probabilities(layer).ok_or_else(|| Error::NotServed {
-            site: format!("layers.{layer}.layer_output"),
-            step: 0,
-        })?;
-        let [_, _, vocab] = probs.dims();
-        let values = hookscope::host::f32_values(probs.into_data())?;
-        let positions = values
-            .chunks(vocab.max(1))
-            .map(|row| {
-                top_k(row, args.top_k)
-                    .into_iter()
-                    .map(|(id, prob)| Ok((id, token_text(&model, id)?, prob)))
-                    .collect::<Result<Vec<_>>>()
-            })
-            .collect::<Result<Vec<_>>>()?;
-        layers.push(positions);
-    }
-    let labels = prompt_labels(&model, &batch, 0)?;
+    let layers = report::lens_top(&model, &batch, args.top_k)?;
     if args.json {
-        print_json(&layers);
+        println!("{:#}", report::lens_json(&layers));
     } else {
-        print_table(&labels, &layers);
+        print_table(&prompt_labels(&model, &batch, 0)?, &layers);
     }
     Ok(())
-}
-
-fn print_json(layers: &[LayerTop]) {
-    let layers: Vec<_> = layers
-        .iter()
-        .enumerate()
-        .map(|(layer, positions)| {
-            let positions: Vec<_> = positions
-                .iter()
-                .enumerate()
-                .map(|(position, top)| {
-                    let top: Vec<_> = top
-                        .iter()
-                        .map(|(id, token, prob)| json!({"id": id, "token": token, "prob": prob}))
-                        .collect();
-                    json!({"position": position, "top": top})
-                })
-                .collect();
-            json!({"layer": layer, "positions": positions})
-        })
-        .collect();
-    println!("{:#}", json!({ "layers": layers }));
 }
 
 /// Quoted, at most `width` characters.
@@ -99,7 +52,7 @@ fn cell(text: &str, width: usize) -> String {
 
 /// One line per layer, one column per position: the top token and its probability (more
 /// tokens, under `--top-k`, on the following lines of the same layer).
-fn print_table(labels: &[String], layers: &[LayerTop]) {
+fn print_table(labels: &[String], layers: &[LensLayer]) {
     const WIDTH: usize = 16;
     let header: String = labels
         .iter()
@@ -117,8 +70,10 @@ fn print_table(labels: &[String], layers: &[LayerTop]) {
             let line: String = positions
                 .iter()
                 .map(|top| match top.get(rank) {
-                    Some((_, token, prob)) => {
-                        let text = format!("{} {:.2}", cell(token, WIDTH - 6), prob);
+                    Some(candidate) => {
+                        let token = &candidate.text;
+                        let text =
+                            format!("{} {:.2}", cell(token, WIDTH - 6), candidate.probability);
                         format!("{text:<WIDTH$}")
                     }
                     None => " ".repeat(WIDTH),

@@ -1,17 +1,7 @@
 //! Token text for reports: decoding single ids and prompt tokens as labels.
 
-pub use hookscope::report::token_text;
-use hookscope::{Batch, Model, Result};
-
-/// The tokens of row `row` of `batch` (padding skipped) as text labels.
-pub fn prompt_labels(model: &Model, batch: &Batch, row: usize) -> Result<Vec<String>> {
-    batch.ids[row]
-        .iter()
-        .zip(&batch.mask[row])
-        .filter(|(_, real)| **real)
-        .map(|(id, _)| token_text(model, *id as usize))
-        .collect()
-}
+pub use hookscope::report::{prompt_labels, token_text};
+use hookscope::{Model, Result};
 
 /// Encodes `text` and requires exactly one token (for metrics naming a token).
 pub fn single_token(model: &Model, text: &str) -> Result<u32> {

@@ -11,6 +11,7 @@
 //! | `GET /v1/model` | the model: architecture, sizes, attached dictionaries, the limits |
 //! | `GET /v1/sites?prompt_len=N&step=S&batch=B` | every site in call order with its shapes |
 //! | `POST /v1/run` | a trace or a generation ([`RunRequest`]) |
+//! | `POST /v1/lens` | the logit lens on one prompt (`{"prompt", "top_k"}`), as `hookscope lens --json` |
 //!
 //! Requests run one at a time, in the order they arrive (the CPU kernels use every core); each
 //! is bounded by [`Limits`] before any work starts, and a request past its time limit is
@@ -33,7 +34,7 @@ use tokio::sync::Semaphore;
 
 pub use error::ApiError;
 pub use limits::Limits;
-pub use request::{Format, RunRequest, Write};
+pub use request::{Format, LensRequest, RunRequest, Write};
 
 /// What `hookscope serve` is asked for.
 #[derive(Debug, Clone)]

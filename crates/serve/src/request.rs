@@ -278,3 +278,39 @@ impl RunRequest {
         Ok((names, batch))
     }
 }
+
+/// `POST /v1/lens`'s body: the logit lens on one prompt.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct LensRequest {
+    /// The prompt as text; or `input_ids`.
+    pub prompt: Option<String>,
+    /// The prompt as token ids.
+    pub input_ids: Option<Vec<u32>>,
+    /// Tokens shown per layer and position.
+    #[serde(default = "one")]
+    pub top_k: usize,
+}
+
+fn one() -> usize {
+    1
+}
+
+impl LensRequest {
+    /// The prompt's batch and its token labels, and the checked `top_k`.
+    pub fn batch(&self, model: &Model, limits: &Limits) -> Result<Batch, ApiError> {
+        if !(1..=MAX_TOP).contains(&self.top_k) {
+            return Err(ApiError::bad_request(format!(
+                "`top_k` is {}; 1 to {MAX_TOP}",
+                self.top_k
+            )));
+        }
+        let run = RunRequest {
+            prompts: self.prompt.iter().cloned().collect(),
+            input_ids: self.input_ids.iter().cloned().collect(),
+            ..RunRequest::default()
+        };
+        let (_, batch) = run.batch(model, limits)?;
+        Ok(batch)
+    }
+}

@@ -21,7 +21,7 @@ use serde_json::{Value, json};
 use crate::Server;
 use crate::auth::require_token;
 use crate::error::ApiError;
-use crate::request::{Format, RunRequest};
+use crate::request::{Format, LensRequest, RunRequest};
 
 /// The API version in every path.
 const VERSION: u32 = 1;
@@ -32,10 +32,11 @@ pub(crate) fn router(server: Arc<Server>) -> Router {
         .route("/v1/model", get(model))
         .route("/v1/sites", get(sites))
         .route("/v1/run", post(run))
+        .route("/v1/lens", post(lens))
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,
-                "no such endpoint: /v1/model, /v1/sites and /v1/run are served",
+                "no such endpoint: /v1/model, /v1/sites, /v1/run and /v1/lens are served",
             )
         })
         .layer(middleware::from_fn_with_state(server.clone(), time_limit))
@@ -122,13 +123,16 @@ async fn sites(
 ) -> Result<Json<Value>, ApiError> {
     let Query(query) = query.map_err(|e| ApiError::bad_request(e.body_text()))?;
     let limits = &server.limits;
-    if query.prompt_len > limits.prompt_tokens || query.batch > limits.prompts {
+    if query.prompt_len > limits.prompt_tokens
+        || query.batch > limits.prompts
+        || query.step > limits.new_tokens
+    {
         return Err(ApiError::bad_request(format!(
-            "`prompt_len` and `batch` are at most {} and {} here",
-            limits.prompt_tokens, limits.prompts
+            "`prompt_len`, `batch` and `step` are at most {}, {} and {} here",
+            limits.prompt_tokens, limits.prompts, limits.new_tokens
         )));
     }
-    let step = query.step.clamp(1, limits.new_tokens.max(1));
+    let step = query.step.max(1);
     let layout = server.model.layout();
     let prompt = CallDims::at_step(query.batch, query.prompt_len, 0);
     let decode = CallDims::at_step(query.batch, query.prompt_len, step);
@@ -171,6 +175,46 @@ async fn run(
     let _cancel = Cancel(cancelled.clone());
     let worker = server.clone();
     let answer = tokio::task::spawn_blocking(move || execute(&worker, &request, &cancelled));
+    let answer = answer.await.map_err(|_| {
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "the run failed inside the server",
+        )
+    })?;
+    drop(permit);
+    answer
+}
+
+/// `POST /v1/lens`: `hookscope lens --json`'s report, with the prompt's tokens.
+async fn lens(
+    State(server): State<Arc<Server>>,
+    body: Result<Json<LensRequest>, JsonRejection>,
+) -> Result<Response, ApiError> {
+    let Json(request) = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
+    let work = move |server: &Server| -> Result<Response, ApiError> {
+        let model = &server.model;
+        let batch = request.batch(model, &server.limits)?;
+        let mut report = report::lens_json(&report::lens_top(model, &batch, request.top_k)?);
+        report["tokens"] = json!(report::prompt_labels(model, &batch, 0)?);
+        Ok(Json(report).into_response())
+    };
+    queued(server, move |server, _cancelled| work(server)).await
+}
+
+/// Runs `work` on the model when its turn comes (one request at a time, in arrival order), on
+/// a blocking thread; `work` is told when the request has been dropped (see [`Cancel`]).
+async fn queued(
+    server: Arc<Server>,
+    work: impl FnOnce(&Server, &AtomicBool) -> Result<Response, ApiError> + Send + 'static,
+) -> Result<Response, ApiError> {
+    let permit =
+        server.queue.acquire().await.map_err(|_| {
+            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is stopping")
+        })?;
+    let cancelled = Arc::new(AtomicBool::new(false));
+    let _cancel = Cancel(cancelled.clone());
+    let worker = server.clone();
+    let answer = tokio::task::spawn_blocking(move || work(&worker, &cancelled));
     let answer = answer.await.map_err(|_| {
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,

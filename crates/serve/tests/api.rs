@@ -276,6 +276,26 @@ fn every_endpoint_answers_what_the_library_computes() {
     assert_eq!(entry["decode"][2], 6, "{entry}");
     assert_eq!(entry["decode"][1], kv_heads, "{entry}");
 
+    // The logit lens: `hookscope lens --json`'s report, with the prompt's tokens.
+    let prompt = "In the beginning God";
+    let answer = request(
+        server.addr,
+        "POST",
+        "/v1/lens",
+        None,
+        json!({"prompt": prompt, "top_k": 2}).to_string().as_bytes(),
+    );
+    assert_eq!(answer.status, 200);
+    let batch = model.encode(&[prompt]).unwrap();
+    let mut lens = report::lens_json(&report::lens_top(&model, &batch, 2).unwrap());
+    lens["tokens"] = json!(report::prompt_labels(&model, &batch, 0).unwrap());
+    let lens: Value = serde_json::from_str(&lens.to_string()).unwrap();
+    assert_eq!(answer.json(), lens);
+    let zero = br#"{"prompt": "a", "top_k": 0}"#;
+    let answer = request(server.addr, "POST", "/v1/lens", None, zero);
+    assert_eq!(answer.status, 400);
+    assert!(answer.error().contains("top_k"));
+
     // A trace saving two sites, with a head ablated: the JSON answer is the library's.
     let prompts = ["In the beginning", "And God said"];
     let specs = RequestSpecs {
