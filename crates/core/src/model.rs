@@ -213,12 +213,11 @@ impl Model {
     /// not one a dictionary can read (`[B, T, ...]` layer sites), a transcoder's input does not
     /// come before its output, or the widths differ.
     pub fn attach(&mut self, dictionary: Dictionary, options: AttachOptions) -> Result<Site> {
-        let network = &self.network;
-        let norms = |layer| network.feed_forward_norms(layer);
+        let network = self.network.as_ref();
         let Placed {
             placement,
             input_norm,
-        } = crate::dictionary::place(&self.layout, &norms, &dictionary, &options)?;
+        } = crate::dictionary::place(&self.layout, network, &dictionary, &options)?;
         let dictionary = dictionary.reading_normalised(input_norm);
         self.detach(placement.site);
         self.layout.dictionaries.push(placement);

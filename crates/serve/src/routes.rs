@@ -167,22 +167,10 @@ async fn run(
     body: Result<Json<RunRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(request) = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
-    let permit =
-        server.queue.acquire().await.map_err(|_| {
-            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is stopping")
-        })?;
-    let cancelled = Arc::new(AtomicBool::new(false));
-    let _cancel = Cancel(cancelled.clone());
-    let worker = server.clone();
-    let answer = tokio::task::spawn_blocking(move || execute(&worker, &request, &cancelled));
-    let answer = answer.await.map_err(|_| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "the run failed inside the server",
-        )
-    })?;
-    drop(permit);
-    answer
+    queued(server, move |server, cancelled| {
+        execute(server, &request, cancelled)
+    })
+    .await
 }
 
 /// `POST /v1/lens`: `hookscope lens --json`'s report, with the prompt's tokens.
@@ -191,14 +179,14 @@ async fn lens(
     body: Result<Json<LensRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
     let Json(request) = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
-    let work = move |server: &Server| -> Result<Response, ApiError> {
+    queued(server, move |server, _cancelled| {
         let model = &server.model;
         let batch = request.batch(model, &server.limits)?;
         let mut report = report::lens_json(&report::lens_top(model, &batch, request.top_k)?);
         report["tokens"] = json!(report::prompt_labels(model, &batch, 0)?);
         Ok(Json(report).into_response())
-    };
-    queued(server, move |server, _cancelled| work(server)).await
+    })
+    .await
 }
 
 /// Runs `work` on the model when its turn comes (one request at a time, in arrival order), on

@@ -2,7 +2,7 @@
 
 use super::hook_names::{HookSite, site_of_hook};
 use super::{AttachOptions, Dictionary};
-use crate::adapter::{FeedForwardNorms, PlainNorm};
+use crate::adapter::{CausalLm, PlainNorm};
 use crate::error::{Error, Result};
 use crate::schema::{DictionaryPlacement, Dim, LayerSite, ModelLayout, Residual, Site};
 
@@ -15,12 +15,12 @@ pub(crate) struct Placed {
     pub input_norm: Option<PlainNorm>,
 }
 
-/// The placement of `dictionary` on a model of `layout` whose feed-forward norms are
-/// `norms` (see [`crate::CausalLm::feed_forward_norms`]) as `options` ask, or an error naming
+/// The placement of `dictionary` on `network` (its layout, and its feed-forward norms where a
+/// hook needs them: [`CausalLm::feed_forward_norms`]) as `options` ask, or an error naming
 /// the site and sizes at fault.
 pub(crate) fn place(
     layout: &ModelLayout,
-    norms: &dyn Fn(usize) -> Option<FeedForwardNorms>,
+    network: &dyn CausalLm,
     dictionary: &Dictionary,
     options: &AttachOptions,
 ) -> Result<Placed> {
@@ -36,7 +36,7 @@ pub(crate) fn place(
             ))
         })?;
         let site = site_of_hook(name).map_err(|message| error(message.clone()))?;
-        served(layout, norms, name, site).map_err(error)
+        served(layout, network, name, site).map_err(error)
     };
     let (site, (input, input_norm)) = match config.transcoder {
         true => {
@@ -117,12 +117,12 @@ pub(crate) fn place(
 /// where the hook is a normalised value the model does not hold.
 fn served(
     layout: &ModelLayout,
-    norms: &dyn Fn(usize) -> Option<FeedForwardNorms>,
+    network: &dyn CausalLm,
     name: &str,
     hook: HookSite,
 ) -> std::result::Result<(Site, Option<PlainNorm>), String> {
     let declared = |layer: usize| {
-        norms(layer).ok_or_else(|| {
+        network.feed_forward_norms(layer).ok_or_else(|| {
             format!(
                 "`{name}` needs to know layer {layer}'s feed-forward norms, which this model's \
                  adapter does not declare (or the layer has no feed-forward part)"
