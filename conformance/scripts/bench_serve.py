@@ -7,6 +7,13 @@ another request's values fails the run. Prints throughput, p50/p99 latency and t
 resident memory over the run (sampled from /proc), as JSON.
 
     python conformance/scripts/bench_serve.py --binary target/release/hookscope
+    python conformance/scripts/bench_serve.py --binary ... --traces  # traces that can share calls
+    python conformance/scripts/bench_serve.py --binary ... --traces --server-arg=--max-prompts=1
+
+`--traces` sends only traces that can share a call (one save and ablation, prompts of one
+length); `--max-prompts=1` on the server keeps every call to one request, the figure to compare
+with. Values are compared within 1e-5 (a call shared with other requests may sum in another
+order), ids exactly.
 
 Needs numpy; the client is the Python package's `client.py`, loaded from the checkout by path
 (it needs no native module).
@@ -45,6 +52,16 @@ def requests():
     return mixed
 
 
+SAME_LENGTH = ["In the beginning", "And God said", "Let there be", "And the earth"]
+
+
+def batchable_requests():
+    """Traces that can share one call: the same save and ablation, prompts of one length."""
+    options = {"save": ["layers.2.layer_output[:, -1]"],
+               "zero": ["layers.0.self_attn.attention_head_outputs[:, :, 1]"]}
+    return [("trace", prompt, options) for prompt in SAME_LENGTH]
+
+
 def call(client, request):
     kind, prompt, kwargs = request
     if kind == "trace":
@@ -55,7 +72,7 @@ def call(client, request):
 
 def same(a, b):
     return (sorted(a.saved) == sorted(b.saved)
-            and all(np.array_equal(a.saved[k], b.saved[k]) for k in a.saved)
+            and all(np.allclose(a.saved[k], b.saved[k], rtol=0, atol=1e-5) for k in a.saved)
             and np.array_equal(a.output_ids, b.output_ids))
 
 
@@ -71,13 +88,17 @@ def main():
     parser.add_argument("--binary", required=True)
     parser.add_argument("--clients", type=int, default=8)
     parser.add_argument("--requests", type=int, default=50)
+    parser.add_argument("--traces", action="store_true",
+                        help="only traces that can share a call")
+    parser.add_argument("--server-arg", action="append", default=[],
+                        help="an argument for `hookscope serve` (repeatable)")
     args = parser.parse_args()
 
-    server = subprocess.Popen([args.binary, "serve", "--addr", "127.0.0.1:0"],
+    server = subprocess.Popen([args.binary, "serve", "--addr", "127.0.0.1:0", *args.server_arg],
                               stderr=subprocess.PIPE, text=True)
     url = "http://" + server.stderr.readline().split("http://")[1].split("/")[0]
     client = Client(url)
-    mixed = requests()
+    mixed = batchable_requests() if args.traces else requests()
     alone = [call(client, r) for r in mixed]
 
     samples, done = [], threading.Event()
@@ -120,7 +141,8 @@ def main():
 
     total = args.clients * args.requests
     report = {
-        "clients": args.clients, "requests": total, "failures": len(failures),
+        "clients": args.clients, "requests": total, "traces_only": args.traces,
+        "server_args": args.server_arg, "failures": len(failures),
         "seconds": round(elapsed, 2), "requests_per_second": round(total / elapsed, 1),
         "p50_ms": round(1000 * float(np.percentile(latencies, 50)), 1),
         "p99_ms": round(1000 * float(np.percentile(latencies, 99)), 1),

@@ -353,3 +353,90 @@ fn the_batched_patching_sweep_equals_one_indexed_set_per_position() {
         assert!(embeddings[p].abs() < 1e-4, "{embeddings:?}");
     }
 }
+
+/// Which requests read and write every batch row alone (`Interventions::rows_independent`,
+/// what the server checks before it stacks requests in one batch), and `Trace::rows`: rows of
+/// a batch traced together equal each traced alone, saved values, logits and distributions.
+#[test]
+fn rows_of_a_batch_traced_together_equal_each_traced_alone() {
+    let model = load_fixture("llama-gqa2-llama3-bias");
+    let independent = |save: &[&str], zero: &[&str], add: &[&str]| {
+        specs(save, zero, add, &[])
+            .interventions(model.layout(), &Steps::At(0), false, model.device())
+            .unwrap()
+            .rows_independent()
+    };
+    assert!(independent(
+        &["layers.0.layer_output", "logits[:, -1]"],
+        &[],
+        &[]
+    ));
+    assert!(independent(
+        &[],
+        &["layers.1.self_attn.attention_head_outputs[:, :, 1]"],
+        &[]
+    ));
+    assert!(independent(&[], &[], &["layers.0.layer_output=0.5"]));
+    assert!(!independent(&["layers.0.layer_output[0]"], &[], &[]));
+    assert!(!independent(&["layers.0.layer_output[..., 0]"], &[], &[]));
+    assert!(!independent(&[], &["layers.0.layer_output[1:]"], &[]));
+    let adding = |shape: Vec<usize>| {
+        let values = vec![0.5; shape.iter().product()];
+        let operand = hookscope::hooks::Operand { values, shape };
+        RequestSpecs {
+            add_values: vec![("layers.0.layer_output".into(), operand)],
+            ..Default::default()
+        }
+        .interventions(model.layout(), &Steps::At(0), false, model.device())
+        .unwrap()
+        .rows_independent()
+    };
+    let hidden = model.layout().hidden;
+    assert!(adding(vec![hidden]), "a vector broadcast over the batch");
+    assert!(!adding(vec![2, 1, hidden]), "one vector per row");
+
+    let prompts = vec![vec![3, 17, 9, 41], vec![8, 2, 30, 5], vec![11, 12, 13, 14]];
+    let interventions = specs(
+        &[
+            "layers.1.layer_output",
+            "layers.0.self_attn.attention_probabilities[:, 1]",
+        ],
+        &["layers.0.mlp_output[:, -1]"],
+        &["layers.1.attention_output[:, :, 0]=0.25"],
+        &[],
+    )
+    .interventions(model.layout(), &Steps::At(0), false, model.device())
+    .unwrap();
+    assert!(interventions.rows_independent());
+    let together = model
+        .trace(&model.batch(prompts.clone()).unwrap(), &interventions)
+        .unwrap();
+    for (row, prompt) in prompts.iter().enumerate() {
+        let alone = model
+            .trace(&model.batch(vec![prompt.clone()]).unwrap(), &interventions)
+            .unwrap();
+        let part = together.rows(row..row + 1).unwrap();
+        assert_eq!(part.batch, alone.batch);
+        let entries = |trace: &hookscope::Trace| -> Vec<SavedValue> {
+            trace
+                .saved
+                .iter()
+                .map(|e| (e.key(), e.shape().to_vec(), floats(e.to_data())))
+                .collect()
+        };
+        let (part_values, alone_values) = (entries(&part), entries(&alone));
+        assert_eq!(part_values.len(), 2);
+        for (a, b) in part_values.iter().zip(&alone_values) {
+            assert_eq!((&a.0, &a.1), (&b.0, &b.1));
+            assert!(max_diff(&a.2, &b.2) < 1e-5, "{}", a.0);
+        }
+        let logits = |trace: &hookscope::Trace| floats(trace.logits().unwrap().to_data());
+        assert!(max_diff(&logits(&part), &logits(&alone)) < 1e-4);
+        let probs = |trace: &hookscope::Trace| floats(trace.next_token_probs().unwrap().to_data());
+        assert!(max_diff(&probs(&part), &probs(&alone)) < 1e-5);
+    }
+    let rows = together.rows(1..3).unwrap();
+    assert_eq!(rows.batch.batch_size(), 2);
+    assert!(together.rows(2..4).is_err());
+    assert!(together.rows(1..1).is_err());
+}

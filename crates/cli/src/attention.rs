@@ -4,10 +4,11 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use hookscope::{Error, Interventions, Result, Run, SiteValue, Steps};
+use hookscope::analysis::attention_patterns;
+use hookscope::report::prompt_labels;
+use hookscope::{Error, Result};
 
 use crate::plot::{Palette, Panel, write_heatmaps};
-use crate::tokens::prompt_labels;
 
 /// Arguments of `hookscope attention`.
 #[derive(Debug, Args)]
@@ -34,24 +35,15 @@ const SHADES: [char; 10] = [' ', '.', ':', '-', '=', '+', '*', '#', '%', '@'];
 /// Saves the layer's attention probabilities and shows them.
 pub fn attention(args: &AttentionArgs) -> Result<()> {
     let model = args.model.load()?;
-    let site = model.layout().resolve(&format!(
-        "layers.{}.self_attn.attention_probabilities",
-        args.layer
-    ))?;
     let batch = model.encode(&[args.prompt.as_str()])?;
-    let requests = Interventions::new().save(site, Steps::At(0));
-    let run = Run::new()
-        .interventions(&requests)
-        .stop_after_last_request();
-    let saved = model.trace(&batch, run)?.saved;
-    let Some(SiteValue::Float4(probs)) = saved.get(site, 0) else {
+    let layers = attention_patterns(&model, &batch, Some(&[args.layer]))?;
+    let Some(layer) = layers.first() else {
         return Err(Error::NotServed {
-            site: site.to_string(),
+            site: format!("layers.{}.self_attn.attention_probabilities", args.layer),
             step: 0,
         });
     };
-    let [_, heads, queries, keys] = probs.dims();
-    let values = hookscope::host::f32_values(probs.to_data())?;
+    let heads = layer.heads;
     let shown: Vec<usize> = match args.head {
         Some(head) if head >= heads => {
             return Err(Error::InvalidInput(format!(
@@ -63,11 +55,6 @@ pub fn attention(args: &AttentionArgs) -> Result<()> {
         None => (0..heads).collect(),
     };
     let labels = prompt_labels(&model, &batch, 0)?;
-    let pattern = |head: usize| -> Vec<Vec<f32>> {
-        (0..queries)
-            .map(|q| values[(head * queries + q) * keys..][..keys].to_vec())
-            .collect()
-    };
     match &args.png {
         Some(path) => {
             let panels: Vec<Panel> = shown
@@ -76,7 +63,7 @@ pub fn attention(args: &AttentionArgs) -> Result<()> {
                     title: format!("layer {} head {head}", args.layer),
                     row_labels: labels.clone(),
                     column_labels: labels.clone(),
-                    values: pattern(head),
+                    values: layer.pattern(head),
                     range: (0.0, 1.0),
                     palette: Palette::Sequential,
                 })
@@ -86,7 +73,7 @@ pub fn attention(args: &AttentionArgs) -> Result<()> {
         }
         None => {
             for head in shown {
-                print_head(args.layer, head, &labels, &pattern(head));
+                print_head(args.layer, head, &labels, &layer.pattern(head));
             }
         }
     }

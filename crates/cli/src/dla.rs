@@ -7,11 +7,11 @@ use std::path::PathBuf;
 
 use clap::Args;
 use hookscope::analysis::{LogitAttribution, logit_attribution};
+use hookscope::report::{attribution_json, single_token, token_text};
 use hookscope::{Interventions, Result};
 use serde_json::json;
 
 use crate::plot::{Palette, Panel, write_heatmaps};
-use crate::tokens::{single_token, token_text};
 
 /// Arguments of `hookscope dla`.
 #[derive(Debug, Args)]
@@ -102,30 +102,8 @@ fn print_table(attribution: &LogitAttribution, metric: &str) {
 }
 
 fn print_json(attribution: &LogitAttribution, png: Option<&PathBuf>) {
-    let layers: Vec<_> = attribution
-        .layers
-        .iter()
-        .map(|layer| {
-            json!({
-                "layer": layer.layer,
-                "mixer": layer.mixer.total,
-                "heads": layer.mixer.heads,
-                "mixer_rest": layer.mixer.rest,
-                "mlp": layer.mlp,
-            })
-        })
-        .collect();
-    let report = json!({
-        "target": attribution.target,
-        "versus": attribution.versus,
-        "logit": attribution.logit,
-        "embeddings": attribution.embeddings,
-        "layers": layers,
-        "final_norm_bias": attribution.final_norm_bias,
-        "head_bias": attribution.head_bias,
-        "sum": attribution.sum(),
-        "png": png,
-    });
+    let mut report = attribution_json(attribution);
+    report["png"] = json!(png);
     println!("{report:#}");
 }
 

@@ -3,10 +3,8 @@
 
 use clap::Args;
 use hookscope::analysis::{FeatureReport, feature_report};
+use hookscope::report::{features_json, prompt_labels};
 use hookscope::{Error, Result};
-use serde_json::json;
-
-use crate::tokens::prompt_labels;
 
 /// Arguments of `hookscope features`.
 #[derive(Debug, Args)]
@@ -36,43 +34,10 @@ pub fn features(args: &FeaturesArgs) -> Result<()> {
     let reports = feature_report(&model, &batch, args.top_k)?;
     let labels = prompt_labels(&model, &batch, 0)?;
     match args.json {
-        true => println!("{}", to_json(&reports, &labels)),
+        true => println!("{}", features_json(&reports, &labels)),
         false => print_table(&reports, &labels),
     }
     Ok(())
-}
-
-fn to_json(reports: &[FeatureReport], labels: &[String]) -> serde_json::Value {
-    let dictionaries: Vec<_> = reports
-        .iter()
-        .map(|report| {
-            let tokens: Vec<_> = report
-                .top
-                .iter()
-                .zip(labels)
-                .enumerate()
-                .map(|(position, (top, token))| {
-                    let features: Vec<_> = top
-                        .iter()
-                        .map(
-                            |(index, activation)| json!({"index": index, "activation": activation}),
-                        )
-                        .collect();
-                    json!({"position": position, "token": token, "features": features})
-                })
-                .collect();
-            json!({
-                "site": report.site.to_string(),
-                "path": report.path.display().to_string(),
-                "width": report.width,
-                "l0": report.l0,
-                "mse": report.mse,
-                "fraction_unexplained": report.fraction_unexplained,
-                "tokens": tokens,
-            })
-        })
-        .collect();
-    json!({ "dictionaries": dictionaries })
 }
 
 fn print_table(reports: &[FeatureReport], labels: &[String]) {

@@ -5,8 +5,6 @@ use clap::Args;
 use hookscope::report::{self, LensLayer};
 use hookscope::{Error, Result};
 
-use crate::tokens::prompt_labels;
-
 /// Arguments of `hookscope lens`.
 #[derive(Debug, Args)]
 pub struct LensArgs {
@@ -35,7 +33,7 @@ pub fn lens(args: &LensArgs) -> Result<()> {
     if args.json {
         println!("{:#}", report::lens_json(&layers));
     } else {
-        print_table(&prompt_labels(&model, &batch, 0)?, &layers);
+        print_table(&report::prompt_labels(&model, &batch, 0)?, &layers);
     }
     Ok(())
 }

@@ -13,7 +13,6 @@ mod plot;
 mod run;
 mod serve;
 mod sites;
-mod tokens;
 
 use std::path::PathBuf;
 use std::process::ExitCode;

@@ -5,12 +5,12 @@
 use std::path::PathBuf;
 
 use clap::Args;
-use hookscope::analysis::{Metric, PatchingSweep, activation_patching};
-use hookscope::{Error, Result};
+use hookscope::Result;
+use hookscope::analysis::{PatchingSweep, activation_patching};
+use hookscope::report::{self, patch_json, patch_labels};
 use serde_json::json;
 
 use crate::plot::{Palette, Panel, write_heatmaps};
-use crate::tokens::{prompt_labels, single_token};
 
 /// Arguments of `hookscope patch`.
 #[derive(Debug, Args)]
@@ -41,22 +41,12 @@ pub struct PatchArgs {
 /// Runs the sweep and reports it.
 pub fn patch(args: &PatchArgs) -> Result<()> {
     let model = args.model.load()?;
-    let metric = parse_metric(&model, &args.metric)?;
+    let metric = report::metric(&model, &args.metric)?;
     let sites = model.layout().expand(&args.site)?;
     let clean = model.encode(&[args.clean.as_str()])?;
     let corrupt = model.encode(&[args.corrupt.as_str()])?;
     let sweep = activation_patching(&model, &clean.ids[0], &corrupt.ids[0], &sites, metric)?;
-    let labels = prompt_labels(&model, &corrupt, 0)?;
-    let clean_labels = prompt_labels(&model, &clean, 0)?;
-    // Label each position by its clean and corrupt tokens where they differ.
-    let labels: Vec<String> = labels
-        .iter()
-        .zip(&clean_labels)
-        .map(|(corrupt, clean)| match corrupt == clean {
-            true => corrupt.clone(),
-            false => format!("{clean}/{corrupt}"),
-        })
-        .collect();
+    let labels = patch_labels(&model, &clean, &corrupt)?;
     if args.json {
         print_json(&sweep, &labels, &args.metric, args.png.as_ref());
     } else {
@@ -79,44 +69,9 @@ pub fn patch(args: &PatchArgs) -> Result<()> {
     Ok(())
 }
 
-/// `logit-diff:A,B` or `prob:A`.
-fn parse_metric(model: &hookscope::Model, text: &str) -> Result<Metric> {
-    let invalid = || {
-        Error::InvalidInput(format!(
-            "--metric `{text}`: expected `logit-diff:A,B` or `prob:A` (tokens as text or `#ID`)"
-        ))
-    };
-    let (kind, tokens) = text.split_once(':').ok_or_else(invalid)?;
-    match kind {
-        "logit-diff" => {
-            let (a, b) = tokens.split_once(',').ok_or_else(invalid)?;
-            Ok(Metric::LogitDiff {
-                correct: single_token(model, a)?,
-                wrong: single_token(model, b)?,
-            })
-        }
-        "prob" => Ok(Metric::Probability {
-            token: single_token(model, tokens)?,
-        }),
-        _ => Err(invalid()),
-    }
-}
-
 fn print_json(sweep: &PatchingSweep, labels: &[String], metric: &str, png: Option<&PathBuf>) {
-    let sites: Vec<_> = sweep
-        .sites
-        .iter()
-        .zip(&sweep.scores)
-        .map(|(site, scores)| json!({"site": site.to_string(), "scores": scores}))
-        .collect();
-    let report = json!({
-        "metric": metric,
-        "clean": sweep.clean,
-        "corrupt": sweep.corrupt,
-        "positions": labels,
-        "sites": sites,
-        "png": png,
-    });
+    let mut report = patch_json(sweep, labels, metric);
+    report["png"] = json!(png);
     println!("{report:#}");
 }
 

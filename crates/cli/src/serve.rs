@@ -34,6 +34,9 @@ pub struct ServeArgs {
     /// Largest request body, in KiB.
     #[arg(long, default_value_t = Limits::default().body_bytes >> 10)]
     max_body_kib: usize,
+    /// Most patched runs (sites x positions) of one patching sweep.
+    #[arg(long, default_value_t = Limits::default().patch_rows)]
+    max_patch_runs: usize,
     /// Longest a request may take, in seconds, queueing included.
     #[arg(long, default_value_t = Limits::default().request_time.as_secs())]
     timeout: u64,
@@ -52,6 +55,7 @@ impl ServeArgs {
             prompt_tokens: self.max_prompt_tokens,
             new_tokens: self.max_new_tokens,
             saved_bytes: mib(self.max_saved_mib, 20, "max-saved-mib")?,
+            patch_rows: self.max_patch_runs,
             request_time: Duration::from_secs(self.timeout),
             ..Limits::default()
         })
@@ -69,7 +73,7 @@ pub fn serve(args: &ServeArgs) -> Result<()> {
     let model = args.model.load()?;
     let spec = args.model.spec();
     hookscope_serve::run(model, options, |addr| {
-        eprintln!("serving {spec} on http://{addr}/v1/ (Ctrl-C stops)");
+        eprintln!("serving {spec} on http://{addr}/ (the API under /v1/; Ctrl-C stops)");
     })
     .map_err(Error::InvalidInput)
 }

@@ -1,6 +1,8 @@
 //! Batches of prompts (left-padded, with an attention mask) and the per-call inputs derived from
 //! the mask: position ids, the causal + padding attention mask and the token mask.
 
+use std::ops::Range;
+
 use burn::tensor::{Bool, Device, Int, Tensor, TensorData};
 
 use crate::error::{Error, Result};
@@ -36,6 +38,14 @@ impl Batch {
             })
             .unzip();
         Ok(Batch { ids, mask })
+    }
+
+    /// Rows `rows` alone, as they are padded here.
+    pub fn rows(&self, rows: Range<usize>) -> Batch {
+        Batch {
+            ids: self.ids[rows.clone()].to_vec(),
+            mask: self.mask[rows].to_vec(),
+        }
     }
 
     /// Number of prompts.

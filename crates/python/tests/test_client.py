@@ -1,5 +1,6 @@
 """hookscope.Client against `hookscope serve` on the embedded model: the same `trace`,
-`generate` and `sites` results as the local Model, and the server's refusals as ServerError."""
+`generate`, `sites` and `dla` results as the local Model, the analyses equal to what the local
+Model computes, and the server's refusals as ServerError."""
 
 import subprocess
 
@@ -44,6 +45,36 @@ def test_client_results_equal_the_local_models(served, local):
         np.testing.assert_array_equal(remote.output_ids, mine.output_ids)
         np.testing.assert_array_equal(remote.attention_mask, mine.attention_mask)
         assert (remote.text, remote.new_text, remote.steps) == (mine.text, mine.new_text, mine.steps)
+
+
+def test_analyses_equal_the_local_models(served, local):
+    client = hookscope.Client(served, token="t0k")
+    prompt = "Speak unto the children of"
+    remote, mine = client.dla(prompt, " Israel", vs=" the"), local.dla(prompt, " Israel", vs=" the")
+    assert remote.keys() == mine.keys()
+    assert (remote["target"], remote["vs"]) == (mine["target"], mine["vs"])
+    np.testing.assert_allclose(remote["logit"], mine["logit"], atol=1e-5)
+    for a, b in zip(remote["layers"], mine["layers"]):
+        np.testing.assert_allclose(a["heads"], b["heads"], atol=1e-5)
+        np.testing.assert_allclose(a["mlp"], b["mlp"], atol=1e-5)
+    assert client.dla(local.encode(prompt), int(mine["target"]))["target"] == mine["target"]
+
+    patterns = client.attention(prompt)
+    saved = local.trace(prompt, save=["layers.*.self_attn.attention_probabilities"]).saved
+    assert len(patterns["layers"]) == 4 and len(patterns["tokens"]) == len(local.encode(prompt))
+    for layer, heads in patterns["layers"].items():
+        expected = saved[f"layers.{layer}.self_attn.attention_probabilities@0"][0]
+        np.testing.assert_allclose(heads, expected, atol=1e-6)
+    assert list(client.attention(prompt, layers=[3])["layers"]) == [3]
+
+    lens = client.lens(prompt, top_k=2)
+    assert len(lens["layers"]) == 4 and len(lens["layers"][0]["positions"][0]["top"]) == 2
+    sweep = client.patch(prompt, "Speak unto the daughters of", "layers.*.layer_output",
+                         "logit-diff: Israel, the")
+    assert [row["site"] for row in sweep["sites"]] == [f"layers.{i}.layer_output" for i in range(4)]
+    assert sweep["sites"][-1]["scores"][-1] == pytest.approx(1.0, abs=1e-5)
+    with pytest.raises(hookscope.ServerError, match="no dictionary"):
+        client.features(prompt)
 
 
 def test_refusals_are_server_errors(served):

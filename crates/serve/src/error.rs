@@ -6,7 +6,7 @@ use axum::response::{IntoResponse, Response};
 use serde_json::json;
 
 /// A refused or failed request.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub struct ApiError {
     status: StatusCode,
     message: String,

@@ -8,19 +8,30 @@
 //!
 //! | endpoint | what |
 //! | --- | --- |
+//! | `GET /` | the browser view: generation, attention, the lens, patching, features |
 //! | `GET /v1/model` | the model: architecture, sizes, attached dictionaries, the limits |
 //! | `GET /v1/sites?prompt_len=N&step=S&batch=B` | every site in call order with its shapes |
 //! | `POST /v1/run` | a trace or a generation ([`RunRequest`]) |
-//! | `POST /v1/lens` | the logit lens on one prompt (`{"prompt", "top_k"}`), as `hookscope lens --json` |
+//! | `POST /v1/lens` | the logit lens on one prompt ([`LensRequest`]), as `hookscope lens --json` |
+//! | `POST /v1/attention` | attention patterns per layer and head ([`AttentionRequest`]) |
+//! | `POST /v1/features` | the attached dictionaries' features per token ([`FeaturesRequest`]) |
+//! | `POST /v1/dla` | direct logit attribution ([`DlaRequest`]), as `hookscope dla --json` |
+//! | `POST /v1/patch` | the activation-patching sweep ([`PatchRequest`]), as `hookscope patch --json` |
 //!
-//! Requests run one at a time, in the order they arrive (the CPU kernels use every core); each
+//! Requests run one at a time, in the order they arrive (the CPU kernels use every core), except
+//! that traces waiting together share one call where their requests allow it (see
+//! `batching`: the same reads and writes, prompts of the same padded length); each
 //! is bounded by [`Limits`] before any work starts, and a request past its time limit is
 //! answered 408 and its generation stopped at the next step. A server bound to anything but a
 //! loopback address requires a bearer token, compared in constant time.
 
+mod analyses;
+mod analysis_request;
 mod auth;
+mod batching;
 mod error;
 mod limits;
+mod pages;
 mod request;
 mod routes;
 
@@ -32,9 +43,13 @@ use hookscope::Model;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 
+pub use analysis_request::{
+    AttentionRequest, DlaRequest, FeaturesRequest, LensRequest, PatchRequest,
+};
+pub use batching::BATCH_HEADER;
 pub use error::ApiError;
 pub use limits::Limits;
-pub use request::{Format, LensRequest, RunRequest, Write};
+pub use request::{Format, RunRequest, Write};
 
 /// What `hookscope serve` is asked for.
 #[derive(Debug, Clone)]
@@ -67,8 +82,10 @@ pub(crate) struct Server {
     pub(crate) model: Model,
     pub(crate) limits: Limits,
     pub(crate) token: Option<String>,
-    /// One permit: the model runs one request at a time, first come first served.
-    pub(crate) queue: Semaphore,
+    /// One permit: the model runs one call at a time, first come first served.
+    pub(crate) queue: Arc<Semaphore>,
+    /// Traces waiting for the model, which may share one call.
+    pub(crate) batcher: batching::Batcher,
 }
 
 /// The API's routes over `model`, with its limits and token.
@@ -77,7 +94,8 @@ pub fn router(model: Model, token: Option<String>, limits: Limits) -> axum::Rout
         model,
         limits,
         token,
-        queue: Semaphore::new(1),
+        queue: Arc::new(Semaphore::new(1)),
+        batcher: batching::Batcher::default(),
     }))
 }
 

@@ -17,6 +17,8 @@ pub struct Limits {
     pub saved_bytes: usize,
     /// Most saved elements a JSON answer carries (a larger one is asked as safetensors).
     pub json_values: usize,
+    /// Most patched runs (sites x positions) one patching sweep may make.
+    pub patch_rows: usize,
     /// Longest a request may take, from its first byte to its answer, queueing included.
     pub request_time: Duration,
 }
@@ -30,6 +32,7 @@ impl Default for Limits {
             new_tokens: 512,
             saved_bytes: 512 << 20,
             json_values: 1 << 20,
+            patch_rows: 8192,
             request_time: Duration::from_secs(120),
         }
     }
@@ -45,6 +48,7 @@ impl Limits {
             "new_tokens": self.new_tokens,
             "saved_bytes": self.saved_bytes,
             "json_values": self.json_values,
+            "patch_rows": self.patch_rows,
             "request_seconds": self.request_time.as_secs_f64(),
         })
     }

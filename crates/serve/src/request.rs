@@ -4,13 +4,13 @@
 use hookscope::decoding::DecodingChoice;
 use hookscope::hooks::{Operand, RequestSpecs};
 use hookscope::{Batch, GenerationConfig, Interventions, Model, Steps};
-use serde::Deserialize;
+use serde::{Deserialize, Serialize};
 
 use crate::error::ApiError;
 use crate::limits::Limits;
 
 /// A trace (no `max_new_tokens`) or a generation, with reads and writes of sites.
-#[derive(Debug, Clone, Default, Deserialize)]
+#[derive(Debug, Clone, Default, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct RunRequest {
     /// Prompts as text (a left-padded batch); or `input_ids`.
@@ -62,10 +62,10 @@ fn default_top() -> usize {
 }
 
 /// Most next tokens a report may list per prompt and step.
-const MAX_TOP: usize = 100;
+pub(crate) const MAX_TOP: usize = 100;
 
 /// How saved values come back.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Format {
     /// In the JSON answer, as `{"shape", "data"}`.
@@ -76,7 +76,7 @@ pub enum Format {
 }
 
 /// One write: its target (`PATTERN[INDEX][@STEPS]`) and a number or an inline tensor.
-#[derive(Debug, Clone, Deserialize)]
+#[derive(Debug, Clone, Deserialize, Serialize)]
 #[serde(deny_unknown_fields)]
 pub struct Write {
     /// What to write.
@@ -129,6 +129,8 @@ pub struct Prepared {
     pub interventions: Interventions,
     /// The generation, if one is asked for.
     pub generation: Option<GenerationConfig>,
+    /// What the saved values will hold at most, in bytes.
+    pub saved_bytes: usize,
 }
 
 impl RunRequest {
@@ -184,8 +186,8 @@ impl RunRequest {
         let steps = self.max_new_tokens.unwrap_or(1);
         let sizes = (batch.batch_size(), batch.len());
         let saved = interventions.saved_bytes(model.layout(), sizes, steps)?;
-        match saved {
-            Some(bytes) if bytes <= limits.saved_bytes => {}
+        let saved_bytes = match saved {
+            Some(bytes) if bytes <= limits.saved_bytes => bytes,
             _ => {
                 return Err(ApiError::too_large(format!(
                     "the saved values would hold {}; this server returns at most {} a request \
@@ -194,7 +196,7 @@ impl RunRequest {
                     hookscope::error::human_bytes(limits.saved_bytes)
                 )));
             }
-        }
+        };
         let generation = match self.max_new_tokens {
             Some(new) => {
                 let choice = DecodingChoice {
@@ -222,11 +224,16 @@ impl RunRequest {
             batch,
             interventions,
             generation,
+            saved_bytes,
         })
     }
 
     /// The prompts (as the report names them) and their batch, within the limits.
-    fn batch(&self, model: &Model, limits: &Limits) -> Result<(Vec<String>, Batch), ApiError> {
+    pub(crate) fn batch(
+        &self,
+        model: &Model,
+        limits: &Limits,
+    ) -> Result<(Vec<String>, Batch), ApiError> {
         let count = self.prompts.len() + self.input_ids.len();
         if !(self.prompts.is_empty() || self.input_ids.is_empty()) || count == 0 {
             return Err(ApiError::bad_request(
@@ -276,41 +283,5 @@ impl RunRequest {
             )));
         }
         Ok((names, batch))
-    }
-}
-
-/// `POST /v1/lens`'s body: the logit lens on one prompt.
-#[derive(Debug, Clone, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub struct LensRequest {
-    /// The prompt as text; or `input_ids`.
-    pub prompt: Option<String>,
-    /// The prompt as token ids.
-    pub input_ids: Option<Vec<u32>>,
-    /// Tokens shown per layer and position.
-    #[serde(default = "one")]
-    pub top_k: usize,
-}
-
-fn one() -> usize {
-    1
-}
-
-impl LensRequest {
-    /// The prompt's batch and its token labels, and the checked `top_k`.
-    pub fn batch(&self, model: &Model, limits: &Limits) -> Result<Batch, ApiError> {
-        if !(1..=MAX_TOP).contains(&self.top_k) {
-            return Err(ApiError::bad_request(format!(
-                "`top_k` is {}; 1 to {MAX_TOP}",
-                self.top_k
-            )));
-        }
-        let run = RunRequest {
-            prompts: self.prompt.iter().cloned().collect(),
-            input_ids: self.input_ids.iter().cloned().collect(),
-            ..RunRequest::default()
-        };
-        let (_, batch) = run.batch(model, limits)?;
-        Ok(batch)
     }
 }

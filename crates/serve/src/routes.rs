@@ -14,36 +14,46 @@ use axum::routing::{get, post};
 use axum::{Json, Router};
 use hookscope::burn::tensor::{DType, TensorData};
 use hookscope::schema::CallDims;
-use hookscope::{Run, report};
+use hookscope::{Run, Trace, report};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
 use crate::Server;
 use crate::auth::require_token;
+use crate::batching::run_group;
 use crate::error::ApiError;
-use crate::request::{Format, LensRequest, RunRequest};
+use crate::request::{Format, RunRequest};
+use crate::{analyses, pages};
 
 /// The API version in every path.
 const VERSION: u32 = 1;
 
 /// The routes over `server`.
 pub(crate) fn router(server: Arc<Server>) -> Router {
-    Router::new()
+    let api = Router::new()
         .route("/v1/model", get(model))
         .route("/v1/sites", get(sites))
         .route("/v1/run", post(run))
-        .route("/v1/lens", post(lens))
+        .route("/v1/lens", post(analyses::lens))
+        .route("/v1/attention", post(analyses::attention))
+        .route("/v1/features", post(analyses::features))
+        .route("/v1/dla", post(analyses::dla))
+        .route("/v1/patch", post(analyses::patch))
         .fallback(|| async {
             ApiError::new(
                 StatusCode::NOT_FOUND,
-                "no such endpoint: /v1/model, /v1/sites, /v1/run and /v1/lens are served",
+                "no such endpoint: /v1/model, /v1/sites, /v1/run, /v1/lens, /v1/attention, \
+                 /v1/features, /v1/dla and /v1/patch are served",
             )
         })
-        .layer(middleware::from_fn_with_state(server.clone(), time_limit))
         .layer(middleware::from_fn_with_state(
             server.clone(),
             require_token,
-        ))
+        ));
+    Router::new()
+        .merge(pages::router())
+        .merge(api)
+        .layer(middleware::from_fn_with_state(server.clone(), time_limit))
         .layer(DefaultBodyLimit::max(server.limits.body_bytes))
         .with_state(server)
 }
@@ -161,60 +171,106 @@ impl Drop for Cancel {
     }
 }
 
-/// `POST /v1/run`.
+/// `POST /v1/run`: a generation waits its turn alone; a trace may share its call with other
+/// traces waiting (see [`crate::batching`]).
 async fn run(
     State(server): State<Arc<Server>>,
     body: Result<Json<RunRequest>, JsonRejection>,
 ) -> Result<Response, ApiError> {
-    let Json(request) = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
-    queued(server, move |server, cancelled| {
-        execute(server, &request, cancelled)
-    })
-    .await
+    let request = analyses::body(body)?;
+    match request.max_new_tokens {
+        Some(_) => {
+            queued(server, move |server, cancelled| {
+                generate(server, &request, cancelled)
+            })
+            .await
+        }
+        None => batched_trace(server, request).await,
+    }
 }
 
-/// `POST /v1/lens`: `hookscope lens --json`'s report, with the prompt's tokens.
-async fn lens(
-    State(server): State<Arc<Server>>,
-    body: Result<Json<LensRequest>, JsonRejection>,
-) -> Result<Response, ApiError> {
-    let Json(request) = body.map_err(|e| ApiError::new(e.status(), e.body_text()))?;
-    queued(server, move |server, _cancelled| {
-        let model = &server.model;
-        let batch = request.batch(model, &server.limits)?;
-        let mut report = report::lens_json(&report::lens_top(model, &batch, request.top_k)?);
-        report["tokens"] = json!(report::prompt_labels(model, &batch, 0)?);
-        Ok(Json(report).into_response())
-    })
-    .await
+/// A trace: checked now, then queued with the traces that can share its call; run by whichever
+/// of them gets the model first.
+async fn batched_trace(server: Arc<Server>, request: RunRequest) -> Result<Response, ApiError> {
+    let prepared = request.prepare(&server.model, &server.limits)?;
+    if !prepared.interventions.rows_independent() {
+        return queued(server, move |server, _cancelled| {
+            let run = Run::new().interventions(&prepared.interventions);
+            let trace = server.model.trace(&prepared.batch, run)?;
+            trace_answer(server, &request, &prepared.prompts, &trace)
+        })
+        .await;
+    }
+    let (id, mut answered) = server.batcher.enqueue(request, prepared);
+    let _leave = LeaveQueue(server.clone(), id);
+    let lost = |_| Err(internal_error());
+    tokio::select! {
+        biased;
+        answer = &mut answered => answer.unwrap_or_else(lost),
+        permit = server.queue.clone().acquire_owned() => {
+            let permit = permit.map_err(|_| stopping())?;
+            let Some(group) = server.batcher.take_group(id, &server.limits) else {
+                // Another trace's call took this one: its answer is on the way.
+                drop(permit);
+                return answered.await.unwrap_or_else(lost);
+            };
+            let worker = server.clone();
+            let work = tokio::task::spawn_blocking(move || {
+                let _permit = permit;
+                run_group(&worker, group, |request, prompts, trace| {
+                    trace_answer(&worker, request, prompts, trace)
+                })
+            });
+            work.await.map_err(|_| internal_error())?
+        }
+    }
+}
+
+/// Takes a trace out of the queue when its request is dropped before its call took it.
+struct LeaveQueue(Arc<Server>, u64);
+
+impl Drop for LeaveQueue {
+    fn drop(&mut self) {
+        self.0.batcher.leave(self.1);
+    }
+}
+
+fn stopping() -> ApiError {
+    ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is stopping")
+}
+
+fn internal_error() -> ApiError {
+    ApiError::new(
+        StatusCode::INTERNAL_SERVER_ERROR,
+        "the run failed inside the server",
+    )
 }
 
 /// Runs `work` on the model when its turn comes (one request at a time, in arrival order), on
-/// a blocking thread; `work` is told when the request has been dropped (see [`Cancel`]).
-async fn queued(
+/// a blocking thread, which holds the model until `work` ends even if the request is dropped
+/// meanwhile; `work` is told when it is (see [`Cancel`]).
+pub(crate) async fn queued(
     server: Arc<Server>,
     work: impl FnOnce(&Server, &AtomicBool) -> Result<Response, ApiError> + Send + 'static,
 ) -> Result<Response, ApiError> {
-    let permit =
-        server.queue.acquire().await.map_err(|_| {
-            ApiError::new(StatusCode::SERVICE_UNAVAILABLE, "the server is stopping")
-        })?;
+    let permit = server
+        .queue
+        .clone()
+        .acquire_owned()
+        .await
+        .map_err(|_| stopping())?;
     let cancelled = Arc::new(AtomicBool::new(false));
     let _cancel = Cancel(cancelled.clone());
     let worker = server.clone();
-    let answer = tokio::task::spawn_blocking(move || work(&worker, &cancelled));
-    let answer = answer.await.map_err(|_| {
-        ApiError::new(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            "the run failed inside the server",
-        )
-    })?;
-    drop(permit);
-    answer
+    let answer = tokio::task::spawn_blocking(move || {
+        let _permit = permit;
+        work(&worker, &cancelled)
+    });
+    answer.await.map_err(|_| internal_error())?
 }
 
-/// Runs one request on the model: the trace or generation, then its answer.
-fn execute(
+/// Runs one generation on the model, then its answer.
+fn generate(
     server: &Server,
     request: &RunRequest,
     cancelled: &AtomicBool,
@@ -225,30 +281,36 @@ fn execute(
     let run = Run::new()
         .interventions(&prepared.interventions)
         .interrupt_when(&mut interrupted);
-    let (report, tensors) = match &prepared.generation {
-        Some(config) => {
-            let generation = model.generate(&prepared.batch, run, config)?;
-            let report =
-                report::generation_json(model, &prepared.prompts, &generation, request.top)?;
-            let ids = (&generation.output_ids, &generation.attention_mask);
-            (
-                report,
-                report::saved_tensors(&generation.saved, ids.0, ids.1),
-            )
-        }
-        None => {
-            let trace = model.trace(&prepared.batch, run)?;
-            let report = report::trace_json(model, &prepared.prompts, &trace, request.top)?;
-            let batch = &trace.batch;
-            (
-                report,
-                report::saved_tensors(&trace.saved, &batch.ids, &batch.mask),
-            )
-        }
-    };
-    match request.format {
-        Format::Json => json_answer(report, &tensors, server.limits.json_values),
-        Format::Safetensors => safetensors_answer(&report, &tensors),
+    let config = prepared.generation.as_ref().ok_or_else(internal_error)?;
+    let generation = model.generate(&prepared.batch, run, config)?;
+    let report = report::generation_json(model, &prepared.prompts, &generation, request.top)?;
+    let ids = (&generation.output_ids, &generation.attention_mask);
+    let tensors = report::saved_tensors(&generation.saved, ids.0, ids.1);
+    answer(server, request.format, report, &tensors)
+}
+
+/// A trace's answer: its report and saved values in the request's format.
+pub(crate) fn trace_answer(
+    server: &Server,
+    request: &RunRequest,
+    prompts: &[String],
+    trace: &Trace,
+) -> Result<Response, ApiError> {
+    let report = report::trace_json(&server.model, prompts, trace, request.top)?;
+    let batch = &trace.batch;
+    let tensors = report::saved_tensors(&trace.saved, &batch.ids, &batch.mask);
+    answer(server, request.format, report, &tensors)
+}
+
+fn answer(
+    server: &Server,
+    format: Format,
+    report: Value,
+    tensors: &[(String, TensorData)],
+) -> Result<Response, ApiError> {
+    match format {
+        Format::Json => json_answer(report, tensors, server.limits.json_values),
+        Format::Safetensors => safetensors_answer(&report, tensors),
     }
 }
 

@@ -40,7 +40,10 @@ fn demo_model() -> Model {
 }
 
 fn start(token: Option<&str>, limits: Limits) -> TestServer {
-    let model = demo_model();
+    start_with(demo_model(), token, limits)
+}
+
+fn start_with(model: Model, token: Option<&str>, limits: Limits) -> TestServer {
     let token = token.map(str::to_string);
     let (ready, addr) = mpsc::channel();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -377,6 +380,275 @@ fn every_endpoint_answers_what_the_library_computes() {
     );
 }
 
+/// `POST path` with a JSON body, without a token.
+fn post_to(addr: SocketAddr, path: &str, body: &Value) -> Answer {
+    request(addr, "POST", path, None, body.to_string().as_bytes())
+}
+
+/// `value` through a JSON round trip (as the server's answer reads: f32s as JSON numbers).
+fn round_trip(value: &Value) -> Value {
+    serde_json::from_str(&value.to_string()).unwrap()
+}
+
+/// A SAELens SAE (`standard`, 16 features) on `layers.1.layer_output` of the demo model,
+/// written under `folder`.
+fn write_demo_sae(folder: &std::path::Path) {
+    let (hidden, width) = (64usize, 16usize);
+    let numbers = |count: usize, seed: u32| -> Vec<u8> {
+        (0..count)
+            .map(|i| ((i as u32).wrapping_mul(2654435761).wrapping_add(seed) % 1000) as f32)
+            .flat_map(|n| (n / 1000.0 - 0.45).to_le_bytes())
+            .collect()
+    };
+    let tensors = [
+        ("W_enc", vec![hidden, width], numbers(hidden * width, 1)),
+        ("b_enc", vec![width], numbers(width, 2)),
+        ("W_dec", vec![width, hidden], numbers(width * hidden, 3)),
+        ("b_dec", vec![hidden], numbers(hidden, 4)),
+    ];
+    let views: Vec<(&str, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(name, shape, bytes)| {
+            let view =
+                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.clone(), bytes)
+                    .unwrap();
+            (*name, view)
+        })
+        .collect();
+    safetensors::serialize_to_file(views, None, &folder.join("sae_weights.safetensors")).unwrap();
+    let config = json!({
+        "architecture": "standard", "d_in": hidden, "d_sae": width, "dtype": "float32",
+        "apply_b_dec_to_input": true, "normalize_activations": "none",
+        "metadata": {"hook_name": "blocks.1.hook_resid_post"},
+    });
+    std::fs::write(folder.join("cfg.json"), config.to_string()).unwrap();
+}
+
+#[test]
+fn the_analysis_endpoints_and_the_page_answer_what_the_library_computes() {
+    let folder = tempfile::tempdir().unwrap();
+    write_demo_sae(folder.path());
+    let mut model = demo_model();
+    let device = model.device().clone();
+    let dictionary = hookscope::Dictionary::load(folder.path(), &device).unwrap();
+    model
+        .attach(dictionary.clone(), hookscope::AttachOptions::default())
+        .unwrap();
+    let mut library = demo_model();
+    library
+        .attach(dictionary, hookscope::AttachOptions::default())
+        .unwrap();
+    let server = start_with(model, Some("secret"), Limits::default());
+    let model = library;
+    let prompt = "Speak unto the children of";
+    let batch = model.encode(&[prompt]).unwrap();
+    let labels = report::prompt_labels(&model, &batch, 0).unwrap();
+    let with_token = |path: &str, body: &Value| {
+        request(
+            server.addr,
+            "POST",
+            path,
+            Some("secret"),
+            body.to_string().as_bytes(),
+        )
+    };
+
+    // The page and its assets need no token (they hold no data); the API does.
+    for (path, kind) in [
+        ("/", "text/html"),
+        ("/app.js", "text/javascript"),
+        ("/style.css", "text/css"),
+    ] {
+        let answer = request(server.addr, "GET", path, None, b"");
+        assert_eq!(answer.status, 200, "{path}");
+        let content_type = answer
+            .headers
+            .iter()
+            .find(|(name, _)| name == "content-type");
+        assert!(
+            content_type.is_some_and(|(_, value)| value.starts_with(kind)),
+            "{path}"
+        );
+        assert!(
+            answer
+                .headers
+                .iter()
+                .any(|(name, value)| name == "content-security-policy"
+                    && value.contains("default-src 'self'"))
+        );
+    }
+    let page = String::from_utf8(request(server.addr, "GET", "/", None, b"").body).unwrap();
+    assert!(page.contains("attention-grid") && page.contains("/app.js"));
+    let script = request(server.addr, "GET", "/app.js", None, b"").body;
+    for endpoint in [
+        "/v1/run",
+        "/v1/lens",
+        "/v1/attention",
+        "/v1/patch",
+        "/v1/features",
+    ] {
+        assert!(
+            String::from_utf8_lossy(&script).contains(endpoint),
+            "{endpoint}"
+        );
+    }
+    let refused = post_to(server.addr, "/v1/attention", &json!({"prompt": prompt}));
+    assert_eq!(refused.status, 401);
+
+    // Attention: every layer's pattern per head, the library's.
+    let answer = with_token("/v1/attention", &json!({"prompt": prompt}));
+    assert_eq!(answer.status, 200, "{}", answer.error());
+    let layers = hookscope::analysis::attention_patterns(&model, &batch, None).unwrap();
+    assert_eq!(layers.len(), 4);
+    assert_eq!(
+        answer.json(),
+        round_trip(&report::attention_json(&layers, &labels))
+    );
+    // One layer alone: the same pattern (layers 0 and 1 then run their fused kernel, so equal
+    // within rounding).
+    let one = with_token("/v1/attention", &json!({"prompt": prompt, "layers": [2]}));
+    let numbers = |value: &Value| -> Vec<f64> {
+        let heads = value["heads"].as_array().unwrap();
+        let rows = heads.iter().flat_map(|head| head.as_array().unwrap());
+        let cells = rows.flat_map(|row| row.as_array().unwrap());
+        cells.map(|p| p.as_f64().unwrap()).collect()
+    };
+    let (alone, among) = (
+        numbers(&one.json()["layers"][0]),
+        numbers(&answer.json()["layers"][2]),
+    );
+    assert_eq!(one.json()["layers"][0]["layer"], 2);
+    assert_eq!(alone.len(), among.len());
+    assert!(alone.iter().zip(&among).all(|(a, b)| (a - b).abs() < 1e-5));
+    let bad_layer = with_token("/v1/attention", &json!({"prompt": prompt, "layers": [9]}));
+    assert_eq!(bad_layer.status, 400);
+    assert!(
+        bad_layer.error().contains("layers.9"),
+        "{}",
+        bad_layer.error()
+    );
+
+    // Direct logit attribution.
+    let answer = with_token(
+        "/v1/dla",
+        &json!({"prompt": prompt, "target": " Israel", "vs": " the"}),
+    );
+    assert_eq!(answer.status, 200, "{}", answer.error());
+    let target = report::single_token(&model, " Israel").unwrap();
+    let versus = report::single_token(&model, " the").unwrap();
+    let attribution = hookscope::analysis::logit_attribution(
+        &model,
+        &batch,
+        target,
+        Some(versus),
+        &Interventions::new(),
+    )
+    .unwrap();
+    let mut expected = report::attribution_json(&attribution);
+    expected["tokens"] = json!(labels);
+    assert_eq!(answer.json(), round_trip(&expected));
+    let two_tokens = with_token(
+        "/v1/dla",
+        &json!({"prompt": prompt, "target": " Israel the"}),
+    );
+    assert_eq!(two_tokens.status, 400);
+    assert!(
+        two_tokens.error().contains("not one"),
+        "{}",
+        two_tokens.error()
+    );
+
+    // The activation-patching sweep (the README's example).
+    let body = json!({
+        "clean": prompt, "corrupt": "Speak unto the daughters of",
+        "site": "layers.*.layer_output", "metric": "logit-diff: Israel, the",
+    });
+    let answer = with_token("/v1/patch", &body);
+    assert_eq!(answer.status, 200, "{}", answer.error());
+    let corrupt = model.encode(&["Speak unto the daughters of"]).unwrap();
+    let metric = report::metric(&model, "logit-diff: Israel, the").unwrap();
+    let sites = model.layout().expand("layers.*.layer_output").unwrap();
+    let sweep = hookscope::analysis::activation_patching(
+        &model,
+        &batch.ids[0],
+        &corrupt.ids[0],
+        &sites,
+        metric,
+    )
+    .unwrap();
+    let labels_patch = report::patch_labels(&model, &batch, &corrupt).unwrap();
+    assert_eq!(
+        answer.json(),
+        round_trip(&report::patch_json(
+            &sweep,
+            &labels_patch,
+            "logit-diff: Israel, the"
+        ))
+    );
+    let mut unequal = body.clone();
+    unequal["corrupt"] = json!("Speak unto the daughters of Zion and");
+    let answer = with_token("/v1/patch", &unequal);
+    assert_eq!(answer.status, 400);
+    assert!(answer.error().contains("same length"), "{}", answer.error());
+    let mut kl = body.clone();
+    kl["metric"] = json!("kl");
+    assert!(with_token("/v1/patch", &kl).error().contains("metric `kl`"));
+
+    // The attached dictionary's features per token.
+    let answer = with_token("/v1/features", &json!({"prompt": prompt, "top_k": 3}));
+    assert_eq!(answer.status, 200, "{}", answer.error());
+    let reports = hookscope::analysis::feature_report(&model, &batch, 3).unwrap();
+    let mut expected = report::features_json(&reports, &labels);
+    expected["tokens"] = json!(labels);
+    assert_eq!(answer.json(), round_trip(&expected));
+    assert!(
+        reports[0].top.iter().any(|top| !top.is_empty()),
+        "some feature fires"
+    );
+}
+
+#[test]
+fn a_patching_sweep_over_the_limit_and_features_without_a_dictionary_are_refused() {
+    let limits = Limits {
+        patch_rows: 10,
+        ..Limits::default()
+    };
+    let server = start(None, limits);
+    let body = json!({
+        "clean": "Speak unto the children of", "corrupt": "Speak unto the daughters of",
+        "site": "layers.*.layer_output", "metric": "logit-diff: Israel, the",
+    });
+    let answer = post_to(server.addr, "/v1/patch", &body);
+    assert_eq!(answer.status, 413);
+    assert!(answer.error().contains("at most 10"), "{}", answer.error());
+    let answer = post_to(server.addr, "/v1/features", &json!({"prompt": "Speak"}));
+    assert_eq!(answer.status, 400);
+    assert!(
+        answer.error().contains("no dictionary"),
+        "{}",
+        answer.error()
+    );
+    let answer = post_to(
+        server.addr,
+        "/v1/attention",
+        &json!({"prompt": "Speak unto", "layers": [0, 1, 2, 3, 0, 1, 2, 3]}),
+    );
+    assert_eq!(answer.status, 200);
+    let small = Limits {
+        json_values: 100,
+        ..Limits::default()
+    };
+    drop(server);
+    let server = start(None, small);
+    let answer = post_to(
+        server.addr,
+        "/v1/attention",
+        &json!({"prompt": "Speak unto the children of"}),
+    );
+    assert_eq!(answer.status, 413);
+    assert!(answer.error().contains("layers"), "{}", answer.error());
+}
+
 #[test]
 fn bad_requests_get_a_clear_4xx_and_the_next_request_is_served() {
     let limits = Limits {
@@ -541,4 +813,69 @@ fn concurrent_clients_each_get_their_own_requests_values() {
     for client in clients {
         client.join().unwrap();
     }
+}
+
+#[test]
+fn concurrent_traces_share_calls_and_each_gets_its_own_rows() {
+    let server = start(None, Limits::default());
+    let model = demo_model();
+    let prompts = [
+        "In the beginning",
+        "And God said",
+        "Let there be",
+        "And the earth",
+    ];
+    let lengths: Vec<usize> = prompts
+        .iter()
+        .map(|p| model.encode(&[p]).unwrap().len())
+        .collect();
+    assert!(lengths.iter().all(|&len| len == lengths[0]), "{lengths:?}");
+    let save = "layers.2.layer_output[:, -1]";
+    let specs = RequestSpecs {
+        save: vec![save.into()],
+        zero: vec!["layers.0.self_attn.attention_head_outputs[:, :, 1]".into()],
+        ..Default::default()
+    };
+    let expected: Vec<Vec<(String, Vec<f32>)>> = prompts
+        .iter()
+        .map(|prompt| sorted(library_run(&model, &[prompt], &specs, None).1))
+        .collect();
+    let addr = server.addr;
+    // One client keeps the model busy with generations, so the traces queue up behind them.
+    let busy = std::thread::spawn(move || {
+        for _ in 0..4 {
+            let body = json!({"prompts": ["In the beginning"], "max_new_tokens": 48});
+            assert_eq!(post(addr, &body).status, 200);
+        }
+    });
+    let clients: Vec<_> = (0..6)
+        .map(|client| {
+            let expected = expected.clone();
+            let specs = specs.clone();
+            std::thread::spawn(move || {
+                let mut shared = 0;
+                for round in 0..8 {
+                    let which = (client + round) % prompts.len();
+                    let body =
+                        json!({"prompts": [prompts[which]], "save": specs.save, "zero": specs.zero});
+                    let answer = post(addr, &body);
+                    assert_eq!(answer.status, 200, "{}", answer.error());
+                    let batch = answer.headers.iter().find(|(name, _)| name == "x-hookscope-batch");
+                    let batch: usize = batch.map(|(_, v)| v.parse().unwrap()).unwrap();
+                    shared += usize::from(batch > 1);
+                    let served = json_values(&answer.json());
+                    assert_eq!(served.len(), expected[which].len());
+                    for ((name, got), (expected_name, want)) in served.iter().zip(&expected[which]) {
+                        assert_eq!(name, expected_name);
+                        let diff = got.iter().zip(want).map(|(a, b)| (a - b).abs());
+                        assert!(diff.fold(0.0, f32::max) < 1e-5, "client {client}: {name}");
+                    }
+                }
+                shared
+            })
+        })
+        .collect();
+    let shared: usize = clients.into_iter().map(|c| c.join().unwrap()).sum();
+    busy.join().unwrap();
+    assert!(shared > 0, "no two traces ever shared a call");
 }

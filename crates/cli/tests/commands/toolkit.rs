@@ -235,7 +235,7 @@ fn the_patching_sweep_restores_the_clean_run_at_the_last_layers_last_position() 
             "The dog",
             "layers.0.self_attn.attention_keys",
             "kl",
-            "--metric `kl`",
+            "metric `kl`",
         ),
     ];
     for (clean, corrupt, site, metric, needle) in refused {

@@ -3,8 +3,9 @@
 mod dictionary;
 
 use std::collections::HashMap;
+use std::ops::Range;
 
-use burn::tensor::TensorData;
+use burn::tensor::{Slice, TensorData};
 
 use super::dictionary::Attachment;
 use super::index::{Index, Region};
@@ -105,6 +106,36 @@ impl Saved {
                 shape: &part.shape,
             }
         })
+    }
+
+    /// The values of batch rows `rows` alone: every value sliced along its first axis, which
+    /// must be the batch of `batch_size` rows (see [`crate::Interventions::rows_independent`]);
+    /// an error naming the value where it is not.
+    pub fn rows(&self, rows: Range<usize>, batch_size: usize) -> Result<Saved> {
+        let mut values = HashMap::with_capacity(self.values.len());
+        for ((site, index, step), part) in &self.values {
+            let whole = part.value.shape();
+            if whole.first() != Some(&batch_size)
+                || part.shape.first() != Some(&batch_size)
+                || rows.end > batch_size
+            {
+                return Err(Error::InvalidInput(format!(
+                    "`{site}{index}@{step}` ({:?}) has no batch axis of {batch_size} rows to take \
+                     rows {rows:?} from",
+                    part.shape
+                )));
+            }
+            let mut slices = vec![Slice::from(..); whole.len()];
+            slices[0] = Slice::from(rows.clone());
+            let mut shape = part.shape.clone();
+            shape[0] = rows.len();
+            let part = SavedPart {
+                value: part.value.slice(&slices),
+                shape,
+            };
+            values.insert((*site, index.clone(), *step), part);
+        }
+        Ok(Saved { values })
     }
 
     /// Number of saved values.

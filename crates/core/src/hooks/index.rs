@@ -67,6 +67,19 @@ impl Index {
         self.0.is_empty()
     }
 
+    /// Whether the index keeps the first axis (the batch) whole: no index, or a first entry
+    /// `:` (an index starting with `...` may or may not reach the first axis, so it does not
+    /// count).
+    pub fn keeps_first_axis(&self) -> bool {
+        match self.0.first() {
+            None => true,
+            Some(IndexItem::Slice { start, stop, step }) => {
+                start.is_none() && stop.is_none() && matches!(step, None | Some(1))
+            }
+            Some(_) => false,
+        }
+    }
+
     /// Parses the text between the brackets, e.g. `:, -1` or `0, 2:5, ...`.
     pub fn parse(text: &str) -> Result<Index, String> {
         if text.trim().is_empty() {

@@ -315,6 +315,24 @@ impl Interventions {
         Ok(total.and_then(|total| usize::try_from(total).ok()))
     }
 
+    /// Whether every prompt of a batch is read and written alone, so that a run of several
+    /// requests' prompts stacked in one batch gives each the rows it would get alone: every
+    /// request keeps the batch axis whole ([`Index::keeps_first_axis`]), and every write is a
+    /// zero or a set or add of a value with one row (broadcast over the batch). An edit
+    /// function may mix rows, so it is not.
+    pub fn rows_independent(&self) -> bool {
+        self.requests.iter().all(|request| {
+            request.index.keeps_first_axis()
+                && match &request.action {
+                    Action::Save | Action::Write(Write::Zero) => true,
+                    Action::Write(Write::Set(value) | Write::Add(value)) => {
+                        value.shape().first() == Some(&1)
+                    }
+                    Action::Write(Write::Edit { .. }) => false,
+                }
+        })
+    }
+
     /// Whether nothing is requested.
     pub fn is_empty(&self) -> bool {
         self.requests.is_empty()

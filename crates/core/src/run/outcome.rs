@@ -1,5 +1,7 @@
 //! What a run returns: a [`Trace`] of one forward call, a [`Generation`] of many.
 
+use std::ops::Range;
+
 use burn::tensor::Tensor;
 
 use crate::error::{Error, Result};
@@ -26,6 +28,30 @@ impl Trace {
             .as_ref()
             .map(|(logits, _)| logits)
             .ok_or(Error::NotComputed { value: "logits" })
+    }
+
+    /// What rows `rows` of the batch would have traced alone, when the run read and wrote
+    /// every row alone ([`crate::Interventions::rows_independent`]) and the rows are padded
+    /// to the same length alone: their saved values, prompts, logits and next-token
+    /// distributions. An error naming the batch size for rows outside it.
+    pub fn rows(&self, rows: Range<usize>) -> Result<Trace> {
+        let batch_size = self.batch.batch_size();
+        if rows.start >= rows.end || rows.end > batch_size {
+            return Err(Error::InvalidInput(format!(
+                "rows {rows:?} of a batch of {batch_size}"
+            )));
+        }
+        let outputs = self.outputs.as_ref().map(|(logits, probs)| {
+            (
+                logits.clone().slice_dim(0, rows.clone()),
+                probs.clone().slice_dim(0, rows.clone()),
+            )
+        });
+        Ok(Trace {
+            saved: self.saved.rows(rows.clone(), batch_size)?,
+            batch: self.batch.rows(rows),
+            outputs,
+        })
     }
 
     /// `[B, V]` softmax of the last position's logits; an error if the run stopped early, as

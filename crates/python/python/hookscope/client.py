@@ -74,9 +74,15 @@ def _writes(values):
     return writes
 
 
+def _token(token):
+    """A token for the server: one-token text as is, an id as `#ID`."""
+    return token if isinstance(token, str) else f"#{int(token)}"
+
+
 class Client:
     """A model behind `hookscope serve` at `url`, with the local `Model`'s `trace`,
-    `generate` and `sites`."""
+    `generate`, `sites` and `dla`, and the server's analyses (`lens`, `attention`, `features`,
+    `patch`)."""
 
     def __init__(self, url="http://127.0.0.1:7878", token=None, timeout=300):
         self.url = url.rstrip("/")
@@ -127,6 +133,49 @@ class Client:
         if seed:
             body["seed"] = int(seed)
         return self._run(body, generating=True)
+
+    def dla(self, prompt, target, *, vs=None):
+        """Direct logit attribution of `prompt`'s last position, as `Model.dla` (tokens as ids
+        or one-token strings)."""
+        body = {"target": _token(target)}
+        if vs is not None:
+            body["vs"] = _token(vs)
+        report = self._analysis("/v1/dla", prompt, body)
+        report.pop("tokens")
+        report["vs"] = report.pop("versus")
+        return report
+
+    def lens(self, prompt, top_k=1):
+        """The logit lens, as `hookscope lens --json`: `{"tokens", "layers": [{"layer",
+        "positions": [{"position", "top": [{"id", "token", "prob"}]}]}]}`."""
+        return self._analysis("/v1/lens", prompt, {"top_k": int(top_k)})
+
+    def attention(self, prompt, layers=None):
+        """Attention patterns: `{"tokens", "layers": {layer: array [heads, queries, keys]}}`,
+        every softmax attention layer unless `layers` names some."""
+        body = {} if layers is None else {"layers": [int(layer) for layer in layers]}
+        report = self._analysis("/v1/attention", prompt, body)
+        patterns = {row["layer"]: np.asarray(row["heads"], dtype=np.float32)
+                    for row in report["layers"]}
+        return {"tokens": report["tokens"], "layers": patterns}
+
+    def features(self, prompt, top_k=5):
+        """The attached dictionaries' most active features per token, as `hookscope features
+        --json`, with the prompt's `tokens`."""
+        return self._analysis("/v1/features", prompt, {"top_k": int(top_k)})
+
+    def patch(self, clean, corrupt, site, metric):
+        """The activation-patching sweep, as `hookscope patch --json`: `{"metric", "clean",
+        "corrupt", "positions", "sites": [{"site", "scores"}]}`."""
+        body = {"clean": clean, "corrupt": corrupt, "site": site, "metric": metric}
+        return json.loads(self._request("POST", "/v1/patch", body))
+
+    def _analysis(self, path, prompt, fields):
+        if isinstance(prompt, str):
+            body = {"prompt": prompt}
+        else:
+            body = {"input_ids": [int(token) for token in prompt]}
+        return json.loads(self._request("POST", path, {**body, **fields}))
 
     @staticmethod
     def _body(prompts, save, zero, add, set):

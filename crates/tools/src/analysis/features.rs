@@ -4,10 +4,10 @@
 
 use std::path::PathBuf;
 
-use hookscope_core::hooks::{Action, Interventions, Steps};
+use hookscope_core::hooks::Interventions;
 use hookscope_core::host::f32_values;
 use hookscope_core::schema::{DictionaryPart, Site};
-use hookscope_core::{Batch, Model, Run};
+use hookscope_core::{Batch, Model};
 use hookscope_core::{Error, Result};
 
 /// One attached dictionary on one prompt (batch row 0).
@@ -45,16 +45,13 @@ pub fn feature_report(model: &Model, batch: &Batch, top_k: usize) -> Result<Vec<
             "`{other}` is not a layer site"
         ))),
     };
-    let mut requests = Interventions::new();
+    let mut sites = Vec::new();
     for placement in &layout.dictionaries {
         for p in DictionaryPart::ALL {
-            requests.push(part(placement.site, p)?, Steps::At(0), Action::Save);
+            sites.push(part(placement.site, p)?);
         }
     }
-    let run = Run::new()
-        .interventions(&requests)
-        .stop_after_last_request();
-    let saved = model.trace(batch, run)?.saved;
+    let saved = super::prompt_call_saving(model, batch, &Interventions::new(), &sites)?;
     let mut reports = Vec::with_capacity(layout.dictionaries.len());
     for (placement, attachment) in layout.dictionaries.iter().zip(model.dictionaries()) {
         let value = |p| -> Result<Vec<f32>> {

@@ -3,10 +3,10 @@
 
 use hookscope_core::burn::tensor::Tensor;
 
-use hookscope_core::hooks::{Action, Interventions, SiteValue, Steps};
+use hookscope_core::hooks::{Interventions, SiteValue};
 use hookscope_core::nn::softmax_last;
 use hookscope_core::schema::{LayerSite, Site};
-use hookscope_core::{Batch, Model, Run};
+use hookscope_core::{Batch, Model};
 use hookscope_core::{Error, Result};
 
 /// Every layer's output of one prompt call, ready to be read through the head. Probabilities
@@ -28,14 +28,8 @@ pub fn logit_lens<'m>(
         layer,
         site: LayerSite::LayerOutput,
     };
-    let mut requests = interventions.clone();
-    for layer in 0..layers {
-        requests.push(site(layer), Steps::At(0), Action::Save);
-    }
-    let run = Run::new()
-        .interventions(&requests)
-        .stop_after_last_request();
-    let saved = model.trace(batch, run)?.saved;
+    let sites: Vec<Site> = (0..layers).map(site).collect();
+    let saved = super::prompt_call_saving(model, batch, interventions, &sites)?;
     let layer_outputs = (0..layers)
         .map(|layer| {
             saved

@@ -6,10 +6,10 @@
 
 use hookscope_core::burn::tensor::{Int, Tensor, TensorData};
 
-use hookscope_core::hooks::{Interventions, Saved, Steps};
+use hookscope_core::hooks::{Interventions, Saved};
 use hookscope_core::host::f32_values;
 use hookscope_core::schema::{LayerSite, MixerSite, Site};
-use hookscope_core::{Batch, Error, Model, Result, Run};
+use hookscope_core::{Batch, Error, Model, Result};
 
 /// What a block's sequence mixer added to the last position's logit.
 #[derive(Debug, Clone, PartialEq)]
@@ -134,14 +134,7 @@ pub fn logit_attribution(
             }
         }
     }
-    let mut requests = interventions.clone();
-    for site in &sites {
-        requests = requests.save(*site, Steps::At(0));
-    }
-    let run = Run::new()
-        .interventions(&requests)
-        .stop_after_last_request();
-    let saved = model.trace(batch, run)?.saved;
+    let saved = super::prompt_call_saving(model, batch, interventions, &sites)?;
     let parts = last_position_parts(model, &saved)?;
     let hidden = layout.hidden;
     let device = model.device();

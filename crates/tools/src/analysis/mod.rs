@@ -1,14 +1,38 @@
-//! Analyses built on traces: the logit lens, direct logit attribution, activation patching and
-//! dictionary features.
+//! Analyses built on traces: the logit lens, direct logit attribution, activation patching,
+//! attention patterns and dictionary features.
 
+mod attention;
 mod features;
 mod lens;
 mod logit_attribution;
 mod patching;
 
+pub use attention::{AttentionLayer, attention_patterns, attention_sites};
 pub use features::{FeatureReport, feature_report, top_active};
 pub use lens::{LogitLens, logit_lens};
 pub use logit_attribution::{
     LayerAttribution, LogitAttribution, MixerAttribution, logit_attribution,
 };
 pub use patching::{Metric, PatchingSweep, activation_patching};
+
+use hookscope_core::hooks::{Interventions, Saved, Steps};
+use hookscope_core::schema::Site;
+use hookscope_core::{Batch, Model, Result, Run};
+
+/// The prompt call of `batch` with `interventions`, saving every site of `sites` whole and
+/// stopping after the last of them.
+fn prompt_call_saving(
+    model: &Model,
+    batch: &Batch,
+    interventions: &Interventions,
+    sites: &[Site],
+) -> Result<Saved> {
+    let mut requests = interventions.clone();
+    for site in sites {
+        requests = requests.save(*site, Steps::At(0));
+    }
+    let run = Run::new()
+        .interventions(&requests)
+        .stop_after_last_request();
+    Ok(model.trace(batch, run)?.saved)
+}

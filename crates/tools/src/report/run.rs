@@ -1,48 +1,12 @@
-//! What a trace, a generation or the logit lens reports: the most likely next tokens with their
-//! text, the JSON reports `hookscope run --json` and `hookscope lens --json` print and
-//! `hookscope serve` answers, and the saved values as named tensors (`--out`, the server's
-//! safetensors answers).
+//! What a trace or a generation reports (`hookscope run --json`, `POST /v1/run`), and the saved
+//! values as named tensors.
 
 use hookscope_core::burn::tensor::TensorData;
 use hookscope_core::decoding::top_k;
-use hookscope_core::{Batch, Error, Generation, Interventions, Model, Result, Saved, Trace};
+use hookscope_core::{Generation, Model, Result, Saved, Trace};
 use serde_json::{Value, json};
 
-/// The text of one token, or `<ID>` for a model without a tokenizer.
-pub fn token_text(model: &Model, id: usize) -> Result<String> {
-    match model.tokenizer() {
-        Some(tokenizer) => tokenizer.decode(&[id as u32]),
-        None => Ok(format!("<{id}>")),
-    }
-}
-
-/// The tokens of row `row` of `batch` (padding skipped) as text labels.
-pub fn prompt_labels(model: &Model, batch: &Batch, row: usize) -> Result<Vec<String>> {
-    batch.ids[row]
-        .iter()
-        .zip(&batch.mask[row])
-        .filter(|(_, real)| **real)
-        .map(|(id, _)| token_text(model, *id as usize))
-        .collect()
-}
-
-/// One candidate next token.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Candidate {
-    /// Its id.
-    pub id: usize,
-    /// Its text.
-    pub text: String,
-    /// Its probability.
-    pub probability: f32,
-}
-
-impl Candidate {
-    /// `{"id", "token", "probability"}`.
-    pub fn to_json(&self) -> Value {
-        json!({"id": self.id, "token": self.text, "probability": self.probability})
-    }
-}
+use super::{Candidate, candidates, candidates_json};
 
 /// The `k` most likely next tokens of each row of a trace.
 pub fn top_next_tokens(model: &Model, trace: &Trace, k: usize) -> Result<Vec<Vec<Candidate>>> {
@@ -53,23 +17,6 @@ pub fn top_next_tokens(model: &Model, trace: &Trace, k: usize) -> Result<Vec<Vec
         .chunks(vocab.max(1))
         .map(|row| candidates(model, top_k(row, k)))
         .collect()
-}
-
-/// The candidates `(id, probability)` with their text.
-fn candidates(model: &Model, top: Vec<(usize, f32)>) -> Result<Vec<Candidate>> {
-    top.into_iter()
-        .map(|(id, probability)| {
-            Ok(Candidate {
-                id,
-                text: token_text(model, id)?,
-                probability,
-            })
-        })
-        .collect()
-}
-
-fn candidates_json(candidates: &[Candidate]) -> Vec<Value> {
-    candidates.iter().map(Candidate::to_json).collect()
 }
 
 /// The saved values' keys and shapes, `[{"key", "shape"}]`.
@@ -179,57 +126,4 @@ pub fn saved_tensors(
         tensors.push(("attention_mask".into(), TensorData::new(flat_mask, shape)));
     }
     tensors
-}
-
-/// One layer's most likely tokens through the logit lens, at every position of a one-prompt
-/// batch: `[position][rank]`.
-pub type LensLayer = Vec<Vec<Candidate>>;
-
-/// The logit lens on row 0 of `batch`: every layer's output through the model's final norm and
-/// head, its `k` most likely tokens at every position.
-pub fn lens_top(model: &Model, batch: &Batch, k: usize) -> Result<Vec<LensLayer>> {
-    if k == 0 {
-        return Err(Error::InvalidInput(
-            "the lens shows at least 1 token (top_k)".into(),
-        ));
-    }
-    let lens = crate::analysis::logit_lens(model, batch, &Interventions::new())?;
-    (0..lens.layers())
-        .map(|layer| {
-            let probs = lens.probabilities(layer).ok_or_else(|| Error::NotServed {
-                site: format!("layers.{layer}.layer_output"),
-                step: 0,
-            })?;
-            let [_, _, vocab] = probs.dims();
-            let values = hookscope_core::host::f32_values(probs.into_data())?;
-            values
-                .chunks(vocab.max(1))
-                .map(|row| candidates(model, top_k(row, k)))
-                .collect()
-        })
-        .collect()
-}
-
-/// The lens as `hookscope lens --json` prints it: `{"layers": [{"layer", "positions":
-/// [{"position", "top": [{"id", "token", "prob"}]}]}]}`.
-pub fn lens_json(layers: &[LensLayer]) -> Value {
-    let layers: Vec<Value> = layers
-        .iter()
-        .enumerate()
-        .map(|(layer, positions)| {
-            let positions: Vec<Value> = positions
-                .iter()
-                .enumerate()
-                .map(|(position, top)| {
-                    let top: Vec<Value> = top
-                        .iter()
-                        .map(|c| json!({"id": c.id, "token": c.text, "prob": c.probability}))
-                        .collect();
-                    json!({"position": position, "top": top})
-                })
-                .collect();
-            json!({"layer": layer, "positions": positions})
-        })
-        .collect();
-    json!({ "layers": layers })
 }
