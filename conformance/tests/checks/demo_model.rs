@@ -182,3 +182,58 @@ fn patching_localises_where_the_prompts_differ_then_the_last_position() {
         assert!(scores[layer][differing] < 0.1, "layer {layer}: {scores:?}");
     }
 }
+
+/// Attribution patching on the README's example (issue 36): the estimates of every layer's
+/// output at every position track the exact patching sweep. Measured on this model:
+/// correlation 0.9931 for the gradient at the corrupt run (atp), 0.9998 for integrated
+/// gradients over 16 points; the test keeps a margin below each.
+#[test]
+fn attribution_patching_tracks_the_exact_sweep_on_the_readme_example() {
+    use hookscope::analysis::{
+        AttributionMethod, GradMetric, Metric, PromptPair, activation_patching,
+        attribution_patching, correlation,
+    };
+    let device = test_device().autodiff();
+    let model = Model::load(&hookscope::default_model(), &device).unwrap();
+    let tokenizer = model.tokenizer().unwrap();
+    let encode = |text: &str| tokenizer.encode(text).unwrap();
+    let (clean, corrupt) = (
+        encode("Speak unto the children of"),
+        encode("Speak unto the daughters of"),
+    );
+    let sites = model.layout().expand("layers.*.layer_output").unwrap();
+    let metric = GradMetric::parse(&model, "logit-diff: Israel, the").unwrap();
+    let GradMetric::LogitDiff { a, b, .. } = metric else {
+        panic!("{metric:?}")
+    };
+    let exact = activation_patching(
+        &model,
+        &clean,
+        &corrupt,
+        &sites,
+        Metric::LogitDiff {
+            correct: a,
+            wrong: b,
+        },
+    )
+    .unwrap();
+    let exact_scores: Vec<f32> = exact.scores.concat();
+    for (method, floor) in [
+        (AttributionMethod::Atp, 0.98),
+        (AttributionMethod::IntegratedGradients { steps: 16 }, 0.995),
+    ] {
+        let prompts = PromptPair {
+            clean: &clean,
+            corrupt: &corrupt,
+        };
+        let sweep = attribution_patching(&model, prompts, &sites, metric, method).unwrap();
+        assert!((sweep.clean - exact.clean).abs() < 1e-4);
+        assert!((sweep.corrupt - exact.corrupt).abs() < 1e-4);
+        let estimates: Vec<f32> = sweep
+            .site_rows()
+            .flat_map(|row| row.scores.clone())
+            .collect();
+        let r = correlation(&estimates, &exact_scores).unwrap();
+        assert!(r > floor, "{method:?}: correlation {r}");
+    }
+}

@@ -13,6 +13,7 @@ mod extract;
 mod fuzz;
 mod gemma;
 mod generation;
+mod gradients;
 mod indexing;
 mod loading;
 mod mamba;

@@ -72,7 +72,10 @@ pub fn chunked(inputs: RuleInputs, initial: Tensor<4>) -> Result<(Tensor<4>, Ten
         t.mask_fill(on_or_above, 0.0)
     };
     let lower = strictly_lower(k_beta.clone().matmul(k.clone().swap_dims(3, 4)) * decay.clone());
-    let solve = unit_lower_inverse(lower)?;
+    let solve = match lower.is_autodiff() {
+        true => unit_lower_inverse_tracked(lower),
+        false => unit_lower_inverse(lower)?,
+    };
     let corrections = solve.clone().matmul(v_beta);
     let decayed_keys = solve.matmul(k_beta * exp(cumulative.clone()).unsqueeze_dim::<5>(4));
     let within = q.clone().matmul(k.clone().swap_dims(3, 4)) * decay;
@@ -134,6 +137,26 @@ fn unit_lower_inverse(lower: Tensor<5>) -> Result<Tensor<5>> {
         }
     }
     Ok(Tensor::from_data(TensorData::new(values, dims), &device))
+}
+
+/// [`unit_lower_inverse`] as tensor operations, for a run that takes gradients through it
+/// (the host copy would cut the graph): with `A = -L`, the strictly lower part `S` of the
+/// inverse solves `S = A + A S`, so row `i` is `A[i] + A[i, :i] @ S[:i]` over the rows above it.
+fn unit_lower_inverse_tracked(lower: Tensor<5>) -> Tensor<5> {
+    let size = lower.dims()[4];
+    let device = lower.device();
+    let negated = lower.neg();
+    let row = |i: usize| negated.clone().slice_dim(3, i..i + 1);
+    let mut rows = vec![row(0)];
+    for i in 1..size {
+        let above = Tensor::cat(rows.clone(), 3);
+        let coefficients = row(i).slice_dim(4, 0..i);
+        rows.push(row(i) + coefficients.matmul(above));
+    }
+    let identity: Tensor<5> = Tensor::<2>::eye(size, &device)
+        .unsqueeze::<5>()
+        .expand(negated.dims());
+    Tensor::cat(rows, 3) + identity
 }
 
 /// One token's update of `state` `[B, NV, DK, DV]` (inputs with `T = 1`; `q` is not read).

@@ -1,6 +1,7 @@
 //! `hookscope`: run any registered model and read or write its internals by standard site names.
 
 mod attention;
+mod attrib;
 mod bench;
 mod dla;
 mod extract;
@@ -11,6 +12,7 @@ mod model_arg;
 mod patch;
 mod plot;
 mod run;
+mod scores;
 mod serve;
 mod sites;
 
@@ -66,6 +68,10 @@ enum Command {
     /// that value from the clean run; the metric from 0 (corrupt) to 1 (clean).
     #[command(after_help = GLOSSARY)]
     Patch(patch::PatchArgs),
+    /// Attribution patching: patch's sweep estimated from one forward and one backward pass
+    /// (`(clean - corrupt) . dM/dsite` at the corrupt run; `--method ig` integrates the
+    /// gradient), per site, position and head; `--compare` runs the exact sweep beside it.
+    Attrib(attrib::AttribArgs),
     /// The most active features of every dictionary attached with --sae at each token of a
     /// prompt, with each dictionary's L0 and reconstruction error.
     #[command(after_help = GLOSSARY)]
@@ -129,6 +135,7 @@ fn main() -> ExitCode {
         Command::Extract(args) => extract::extract(&args).map(|()| ExitCode::SUCCESS),
         Command::Lens(args) => lens::lens(&args).map(|()| ExitCode::SUCCESS),
         Command::Patch(args) => patch::patch(&args).map(|()| ExitCode::SUCCESS),
+        Command::Attrib(args) => attrib::attrib(&args).map(|()| ExitCode::SUCCESS),
         Command::Dla(args) => dla::dla(&args).map(|()| ExitCode::SUCCESS),
         Command::Features(args) => features::features(&args).map(|()| ExitCode::SUCCESS),
         Command::Attention(args) => attention::attention(&args).map(|()| ExitCode::SUCCESS),

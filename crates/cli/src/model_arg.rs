@@ -92,11 +92,21 @@ impl ModelArg {
 
     /// Loads the model on the chosen device, printing what the adapter noted about the load.
     pub fn load(&self) -> Result<Model> {
+        self.load_on(self.device.open()?)
+    }
+
+    /// Loads the model on the chosen device with autodiff, for runs that take gradients (every
+    /// product then runs as burn's tensor operations, which record the backward pass).
+    pub fn load_for_gradients(&self) -> Result<Model> {
+        self.load_on(self.device.open()?.autodiff())
+    }
+
+    fn load_on(&self, device: Device) -> Result<Model> {
         let source = match &self.model {
             Some(spec) => ModelSource::resolve(spec)?,
             None => hookscope::default_model(),
         };
-        let mut model = Model::load_with(&source, &self.device.open()?, self.options())?;
+        let mut model = Model::load_with(&source, &device, self.options())?;
         for note in &model.load_report().notes {
             eprintln!("note: {note}");
         }

@@ -10,22 +10,15 @@ use hookscope::analysis::{PatchingSweep, activation_patching};
 use hookscope::report::{self, patch_json, patch_labels};
 use serde_json::json;
 
-use crate::plot::{Palette, Panel, write_heatmaps};
+use crate::scores::{ContrastArgs, ScoreTable};
 
 /// Arguments of `hookscope patch`.
 #[derive(Debug, Args)]
 pub struct PatchArgs {
     #[command(flatten)]
     model: crate::model_arg::ModelArg,
-    /// The clean prompt.
-    #[arg(long)]
-    clean: String,
-    /// The corrupt prompt (same number of tokens).
-    #[arg(long)]
-    corrupt: String,
-    /// The sites to patch (a pattern with a position axis, e.g. `layers.*.layer_output`).
-    #[arg(long, value_name = "PATTERN")]
-    site: String,
+    #[command(flatten)]
+    contrast: ContrastArgs,
     /// `logit-diff:A,B` (logit of token A minus token B at the last position) or `prob:A`;
     /// tokens as text (one token each, e.g. ` Mary`) or `#ID`.
     #[arg(long)]
@@ -42,26 +35,29 @@ pub struct PatchArgs {
 pub fn patch(args: &PatchArgs) -> Result<()> {
     let model = args.model.load()?;
     let metric = report::metric(&model, &args.metric)?;
-    let sites = model.layout().expand(&args.site)?;
-    let clean = model.encode(&[args.clean.as_str()])?;
-    let corrupt = model.encode(&[args.corrupt.as_str()])?;
+    let sites = model.layout().expand(&args.contrast.site)?;
+    let clean = model.encode(&[args.contrast.clean.as_str()])?;
+    let corrupt = model.encode(&[args.contrast.corrupt.as_str()])?;
     let sweep = activation_patching(&model, &clean.ids[0], &corrupt.ids[0], &sites, metric)?;
     let labels = patch_labels(&model, &clean, &corrupt)?;
+    let table = ScoreTable {
+        clean: sweep.clean,
+        corrupt: sweep.corrupt,
+        positions: &labels,
+        rows: sweep
+            .sites
+            .iter()
+            .map(ToString::to_string)
+            .zip(sweep.scores.clone())
+            .collect(),
+    };
     if args.json {
         print_json(&sweep, &labels, &args.metric, args.png.as_ref());
     } else {
-        print_table(&sweep, &labels);
+        table.print();
     }
     if let Some(path) = &args.png {
-        let panel = Panel {
-            title: format!("activation patching: {}", args.metric),
-            row_labels: sweep.sites.iter().map(ToString::to_string).collect(),
-            column_labels: labels,
-            values: sweep.scores.clone(),
-            range: (-1.0, 1.0),
-            palette: Palette::Diverging,
-        };
-        write_heatmaps(path, &[panel])?;
+        table.write_png(path, format!("activation patching: {}", args.metric))?;
         if !args.json {
             println!("wrote {}", path.display());
         }
@@ -73,29 +69,4 @@ fn print_json(sweep: &PatchingSweep, labels: &[String], metric: &str, png: Optio
     let mut report = patch_json(sweep, labels, metric);
     report["png"] = json!(png);
     println!("{report:#}");
-}
-
-fn print_table(sweep: &PatchingSweep, labels: &[String]) {
-    println!(
-        "metric: clean {:.4}, corrupt {:.4}; scores: 0 = corrupt, 1 = clean",
-        sweep.clean, sweep.corrupt
-    );
-    let width = sweep
-        .sites
-        .iter()
-        .map(|s| s.to_string().len())
-        .max()
-        .unwrap_or(4);
-    let header: String = labels
-        .iter()
-        .map(|label| {
-            let shown: String = format!("{label:?}").chars().take(9).collect();
-            format!("{shown:>10}")
-        })
-        .collect();
-    println!("{:<width$}{header}", "site");
-    for (site, scores) in sweep.sites.iter().zip(&sweep.scores) {
-        let row: String = scores.iter().map(|s| format!("{s:>10.3}")).collect();
-        println!("{:<width$}{row}", site.to_string());
-    }
 }

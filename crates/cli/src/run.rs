@@ -4,6 +4,7 @@
 use std::path::PathBuf;
 
 use clap::Args;
+use hookscope::analysis::GradMetric;
 use hookscope::decoding::DecodingChoice;
 use hookscope::hooks::RequestSpecs;
 use hookscope::{
@@ -44,6 +45,16 @@ pub struct RunArgs {
         value_name = "PATTERN[INDEX][@STEPS]=FILE.safetensors:KEY|NUMBER"
     )]
     set: Vec<String>,
+    /// Take the gradient of METRIC on the prompt call: `logit-diff:A,B`, `logit:A`, `prob:A`,
+    /// `logprob:A` (tokens as text or `#ID`, each with an optional `@POS`, default the last
+    /// position) or `loss` (mean next-token cross-entropy over the prompt); summed over the
+    /// batch's rows. The model is loaded for gradients (tensor operations, slower).
+    #[arg(long, value_name = "METRIC", conflicts_with = "max_new_tokens")]
+    grad: Option<String>,
+    /// Keep the gradient of --grad's metric at the sites matching PATTERN (or the part INDEX
+    /// selects), written as `grad:{site}@0` beside the saved values. Repeatable.
+    #[arg(long, value_name = "PATTERN[INDEX]", requires = "grad")]
+    save_grad: Vec<String>,
     /// Write saved values to this safetensors file (`{site}@{step}`, `output_ids`).
     #[arg(long)]
     out: Option<PathBuf>,
@@ -114,7 +125,10 @@ impl GenerationArgs {
 
 /// Runs the trace or generation and reports it.
 pub fn run(args: &RunArgs) -> Result<()> {
-    let model = args.model.load()?;
+    let model = match args.grad {
+        Some(_) => args.model.load_for_gradients()?,
+        None => args.model.load()?,
+    };
     let prompts: Vec<&str> = args.prompts.iter().map(String::as_str).collect();
     let batch = model.encode(&prompts)?;
     // Under generation a selection without `@STEPS` means every step; in a trace, step 0.
@@ -127,6 +141,7 @@ pub fn run(args: &RunArgs) -> Result<()> {
         zero: args.zero.clone(),
         add: args.add.clone(),
         set: args.set.clone(),
+        save_grad: args.save_grad.clone(),
         ..Default::default()
     };
     let interventions = specs.interventions(
@@ -148,19 +163,63 @@ pub fn run(args: &RunArgs) -> Result<()> {
         }
         return report_generation(&model, args, &generation);
     }
-    let trace = model.trace(&batch, &interventions)?;
+    let mut trace = model.trace(&batch, &interventions)?;
+    let gradients = match &args.grad {
+        Some(text) => Some(take_gradients(&model, &mut trace, text, &args.save_grad)?),
+        None => None,
+    };
     if let Some(path) = &args.out {
-        write_out(path, &trace.saved, (&trace.batch.ids, &trace.batch.mask))?;
+        let mut tensors = report::saved_tensors(&trace.saved, &trace.batch.ids, &trace.batch.mask);
+        if let Some((_, gradients)) = &gradients {
+            tensors.extend(report::gradient_tensors(gradients));
+        }
+        hookscope::output::write_safetensors(path, &tensors)?;
     }
     if args.json {
         let mut report = report::trace_json(&model, &args.prompts, &trace, args.top)?;
+        if let Some((metric, gradients)) = &gradients {
+            report["metric"] = json!({"name": args.grad, "value": metric});
+            report["gradients"] = report::gradients_json(gradients);
+        }
         report["out"] = json!(args.out);
         println!("{report:#}");
     } else {
         let top = report::top_next_tokens(&model, &trace, args.top)?;
         print_text(&prompts, &trace, &top, args.out.as_ref());
+        if let Some((metric, gradients)) = &gradients {
+            print_gradients(args.grad.as_deref().unwrap_or_default(), *metric, gradients);
+        }
     }
     Ok(())
+}
+
+/// The metric named by `text` on `trace` and its gradients at the sites asked.
+fn take_gradients(
+    model: &Model,
+    trace: &mut Trace,
+    text: &str,
+    save_grad: &[String],
+) -> Result<(f32, Saved)> {
+    let metric = GradMetric::parse(model, text)?.measure(trace)?;
+    let value = hookscope::host::f32_values(metric.to_data())?[0];
+    let gradients = match save_grad.is_empty() {
+        true => Saved::default(),
+        false => trace.gradients(&metric)?,
+    };
+    Ok((value, gradients))
+}
+
+fn print_gradients(metric: &str, value: f32, gradients: &Saved) {
+    println!("metric {metric}: {value:.6}");
+    for entry in gradients.iter() {
+        let values = hookscope::host::f32_values(entry.to_data()).unwrap_or_default();
+        let largest = values.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+        println!(
+            "  grad:{} {:?}  largest |gradient| {largest:.4e}",
+            entry.key(),
+            entry.shape()
+        );
+    }
 }
 
 /// Says on stderr which requested steps never ran because every row reached EOS early.

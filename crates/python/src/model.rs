@@ -1,12 +1,13 @@
 //! `hookscope.Model`: loading, the site table, traces and generation.
 
+use hookscope::analysis::GradMetric;
 use hookscope::decoding::DecodingChoice;
 use hookscope::hooks::RequestSpecs;
 use hookscope::precision::parse_dtype_choice;
 use hookscope::schema::CallDims;
 use hookscope::{
     AttachOptions, Batch, DeviceChoice, Generation, Interventions, LoadOptions, MatmulPrecision,
-    Model, ModelSource, Run, Steps, WeightDtype,
+    Model, ModelSource, Run, Saved, Steps, WeightDtype,
 };
 use pyo3::prelude::*;
 use pyo3::types::{PyDict, PyList};
@@ -36,6 +37,7 @@ fn attach_all(model: &mut Model, specs: &[String], without_error: bool) -> hooks
 /// The requests of one call, in the CLI's syntax.
 struct Requests<'py> {
     save: Option<Vec<String>>,
+    save_grad: Option<Vec<String>>,
     zero: Option<Vec<String>>,
     add: Option<Bound<'py, PyDict>>,
     set: Option<Bound<'py, PyDict>>,
@@ -65,6 +67,7 @@ impl Requests<'_> {
         };
         let specs = RequestSpecs {
             save: self.save.unwrap_or_default(),
+            save_grad: self.save_grad.unwrap_or_default(),
             zero: self.zero.unwrap_or_default(),
             add_values: values(self.add, "add")?,
             set_values: values(self.set, "set")?,
@@ -172,6 +175,8 @@ impl PyModel {
         };
         Ok(PyRun {
             saved: dict.unbind(),
+            grads: PyDict::new(py).unbind(),
+            metric: None,
             output_ids: rows_to_numpy(py, ids)?.unbind(),
             attention_mask,
             text: self.decode_rows(ids, mask, 0)?,
@@ -195,11 +200,12 @@ impl PyModel {
     /// `sae`: feature dictionaries to attach, each `"[SITE=]PATH"` (a SAELens folder, a Gemma
     /// Scope params.npz): their values become sites (`SITE.sae.features`,
     /// `SITE.sae.reconstruction`, `SITE.sae.error`) to save and edit like any other.
-    /// `sae_without_error`: replace those sites by the reconstruction alone.
+    /// `sae_without_error`: replace those sites by the reconstruction alone. `gradients`: load
+    /// for `trace(grad=...)` (every product as autodiff-recording tensor operations: slower).
     #[new]
     #[pyo3(signature = (
         model = None, *, dtype = None, matmul_precision = None, device = None, sae = None,
-        sae_without_error = false
+        sae_without_error = false, gradients = false
     ))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments
     fn new(
@@ -210,6 +216,7 @@ impl PyModel {
         device: Option<String>,
         sae: Option<Vec<String>>,
         sae_without_error: bool,
+        gradients: bool,
     ) -> PyResult<Self> {
         let dtype = match dtype {
             Some(dtype) => parse_dtype_choice(&dtype)
@@ -228,6 +235,12 @@ impl PyModel {
                 .and_then(|choice| choice.open())
                 .map_err(|error| InputError::new_err(format!("device={name:?}: {error}")))?,
             None => DeviceChoice::Cpu.open().py()?,
+        };
+        // Gradients need every product as burn's tensor operations, which record the backward
+        // pass: the model is loaded on the device with autodiff.
+        let device = match gradients {
+            true => device.autodiff(),
+            false => device,
         };
         let source = match model {
             Some(spec) => ModelSource::resolve(&spec).py()?,
@@ -305,8 +318,15 @@ impl PyModel {
 
     /// One forward call (step 0) over `prompts`, with reads and writes in the CLI's syntax:
     /// `save=["layers.*.layer_output[:, -1]"]`, `zero=[...]`, `add={SITE: array}`,
-    /// `set={SITE: array}` (arrays broadcast to the selected value).
-    #[pyo3(signature = (prompts, *, save = None, zero = None, add = None, set = None))]
+    /// `set={SITE: array}` (arrays broadcast to the selected value). `grad`: a metric of the
+    /// logits (`"logit-diff: A, B"`, `"logit:A"`, `"prob:A"`, `"logprob:A"`, each with an
+    /// optional `@POS`, or `"loss"`), whose value comes back as `Run.metric` and whose gradient
+    /// at the sites of `save_grad` (patterns, as `save`) as `Run.grads`; needs a model loaded
+    /// with `gradients=True`.
+    #[pyo3(signature = (
+        prompts, *, save = None, zero = None, add = None, set = None, grad = None,
+        save_grad = None
+    ))]
     #[allow(clippy::too_many_arguments)] // Python keyword arguments
     fn trace<'py>(
         &self,
@@ -316,23 +336,55 @@ impl PyModel {
         zero: Option<Vec<String>>,
         add: Option<Bound<'py, PyDict>>,
         set: Option<Bound<'py, PyDict>>,
+        grad: Option<String>,
+        save_grad: Option<Vec<String>>,
     ) -> PyResult<PyRun> {
         let requests = Requests {
             save,
+            save_grad,
             zero,
             add,
             set,
         };
+        if grad.is_none() && requests.save_grad.is_some() {
+            return Err(InputError::new_err(
+                "save_grad: name the metric whose gradient to keep with grad=...",
+            ));
+        }
         let (batch, interventions) = self.prepare(prompts, requests, false)?;
-        let trace = py
-            .detach(|| self.model.trace(&batch, &interventions))
+        let (trace, gradients) = py
+            .detach(|| {
+                let mut trace = self.model.trace(&batch, &interventions)?;
+                let gradients = match &grad {
+                    Some(text) => {
+                        let metric = GradMetric::parse(&self.model, text)?.measure(&trace)?;
+                        let value = hookscope::host::f32_values(metric.to_data())?[0];
+                        let gradients = match interventions.has_gradients() {
+                            true => trace.gradients(&metric)?,
+                            false => Saved::default(),
+                        };
+                        Some((value, gradients))
+                    }
+                    None => None,
+                };
+                Ok::<_, hookscope::Error>((trace, gradients))
+            })
             .py()?;
-        self.result(
+        let mut run = self.result(
             py,
             &trace.saved,
             (&batch.ids, &batch.mask),
             (batch.len(), 1),
-        )
+        )?;
+        if let Some((value, gradients)) = gradients {
+            let grads = PyDict::new(py);
+            for entry in gradients.iter() {
+                grads.set_item(entry.key(), to_numpy(py, entry.to_data())?)?;
+            }
+            run.grads = grads.unbind();
+            run.metric = Some(value);
+        }
+        Ok(run)
     }
 
     /// Generates up to `max_new_tokens` tokens per prompt (greedy unless `greedy=False` or the
@@ -363,6 +415,7 @@ impl PyModel {
     ) -> PyResult<PyRun> {
         let requests = Requests {
             save,
+            save_grad: None,
             zero,
             add,
             set,

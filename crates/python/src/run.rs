@@ -21,6 +21,13 @@ pub struct PyRun {
     /// Each row's continuation only (empty for a trace).
     #[pyo3(get)]
     pub new_text: Vec<String>,
+    /// Gradients of `trace(grad=...)`'s metric by key (`SITE[INDEX]@0`), float32 arrays;
+    /// empty without `grad`.
+    #[pyo3(get)]
+    pub grads: Py<PyDict>,
+    /// The value of `trace(grad=...)`'s metric, else None.
+    #[pyo3(get)]
+    pub metric: Option<f32>,
     /// Calls made: 1 for a trace; for a generation, the tokens appended (fewer than asked when
     /// every row ended at EOS).
     #[pyo3(get)]

@@ -5,7 +5,7 @@ mod dictionary;
 use std::collections::HashMap;
 use std::ops::Range;
 
-use burn::tensor::{Slice, TensorData};
+use burn::tensor::{Slice, Tensor, TensorData};
 
 use super::dictionary::Attachment;
 use super::index::{Index, Region};
@@ -22,10 +22,15 @@ pub trait Observer: Send {
     fn served(&mut self, step: usize, site: Site);
 }
 
-/// Values saved by reads, keyed by site, index and step.
+/// Values saved by reads, keyed by site, index and step; and, for a run asking gradients, the
+/// leaves that collect them.
 #[derive(Debug, Clone, Default)]
 pub struct Saved {
     values: HashMap<(Site, Index, usize), SavedPart>,
+    /// Per site and step asked a gradient, the zero leaf added to its value.
+    leaves: HashMap<(Site, usize), SiteValue>,
+    /// The gradients asked, by site, part and step, in request order.
+    gradient_parts: Vec<(Site, Index, usize)>,
 }
 
 /// One saved value and its numpy shape (the value keeps a length-1 axis where an integer
@@ -135,7 +140,68 @@ impl Saved {
             };
             values.insert((*site, index.clone(), *step), part);
         }
-        Ok(Saved { values })
+        Ok(Saved {
+            values,
+            ..Saved::default()
+        })
+    }
+
+    /// The gradients of `metric` (a scalar computed from this run's values, e.g. its logits)
+    /// with respect to every site part the run asked a gradient of ([`Action::Grad`]), keyed
+    /// as the values are; zero where the metric does not depend on a site. The backward pass
+    /// consumes the run's graph: a second call is an error.
+    pub fn gradients(&mut self, metric: &Tensor<1>) -> Result<Saved> {
+        if self.gradient_parts.is_empty() {
+            return Err(Error::InvalidInput(
+                "the run asked no gradient (a `Grad` request, `--save-grad`)".into(),
+            ));
+        }
+        if self.leaves.is_empty() {
+            return Err(Error::InvalidInput(
+                "this run's gradients were taken already: the backward pass consumes its graph"
+                    .into(),
+            ));
+        }
+        if metric.dims() != [1] || !metric.is_tracked() {
+            return Err(Error::InvalidInput(format!(
+                "the metric must be one number computed from the run's values (shape {:?}, {})",
+                metric.dims(),
+                match metric.is_tracked() {
+                    true => "tracked",
+                    false => "not tracked: it depends on no site asked a gradient",
+                }
+            )));
+        }
+        let leaves = std::mem::take(&mut self.leaves);
+        let gradients = metric.backward();
+        let mut values = HashMap::with_capacity(self.gradient_parts.len());
+        for (site, index, step) in &self.gradient_parts {
+            let leaf = &leaves[&(*site, *step)];
+            let whole = leaf
+                .gradient(&gradients)
+                .unwrap_or_else(|| leaf.zeros_like().without_autodiff());
+            let (value, shape) = match index.is_full() {
+                true => {
+                    let shape = whole.shape();
+                    (whole, shape)
+                }
+                false => {
+                    let region = index
+                        .resolve(&whole.shape())
+                        .map_err(|message| Error::Index {
+                            site: format!("{site}{index}"),
+                            step: *step,
+                            message,
+                        })?;
+                    (region.read(&whole), region.shape())
+                }
+            };
+            values.insert((*site, index.clone(), *step), SavedPart { value, shape });
+        }
+        Ok(Saved {
+            values,
+            ..Saved::default()
+        })
     }
 
     /// Number of saved values.
@@ -161,6 +227,8 @@ struct SitePlan<'a> {
     /// The dictionary attached here runs (some request of this call reads or writes one of
     /// its values, or it replaces the site by its reconstruction).
     dictionary: bool,
+    /// The parts whose gradient to keep.
+    grads: Vec<&'a Index>,
 }
 
 /// The plan of `site`, creating the (dense) table on first use.
@@ -227,6 +295,7 @@ impl<'a> Hooks<'a> {
             match &request.action {
                 Action::Save => plan.saves.push(&request.index),
                 Action::Write(write) => plan.writes.push((&request.index, write)),
+                Action::Grad => plan.grads.push(&request.index),
             }
             if let Site::Dictionary { .. } = request.site {
                 plan_of(&mut plans, layout, request.site.dictionary_host()).dictionary = true;
@@ -310,6 +379,12 @@ impl<'a> Hooks<'a> {
         let Some(plan) = self.plans.get(slot).and_then(Option::as_ref) else {
             return Ok(value);
         };
+        if !plan.grads.is_empty() {
+            value = self.add_gradient_leaf(site, value)?;
+        }
+        let Some(plan) = self.plans.get(slot).and_then(Option::as_ref) else {
+            return Ok(value);
+        };
         for index in &plan.saves {
             let whole = value.clone().into_value();
             let (part, shape) = if index.is_full() {
@@ -331,6 +406,34 @@ impl<'a> Hooks<'a> {
             return Err(StopSignal::raise());
         }
         Ok(value)
+    }
+
+    /// `value` plus a zero leaf that keeps its gradient: the value flows on unchanged and
+    /// tracked, and the backward pass leaves the gradient with respect to it on the leaf
+    /// ([`Saved::gradients`]).
+    fn add_gradient_leaf<T: SiteTensor>(&mut self, site: Site, value: T) -> Result<T> {
+        let whole = value.into_value();
+        let leaf = whole.gradient_leaf().map_err(|message| Error::Edit {
+            site: site.to_string(),
+            message,
+        })?;
+        let tracked = whole.plus(leaf.clone()).map_err(|message| Error::Edit {
+            site: site.to_string(),
+            message,
+        })?;
+        let slot = self.layout.slot(site);
+        if let Some(plan) = self.plans.get(slot).and_then(Option::as_ref) {
+            for index in &plan.grads {
+                self.saved
+                    .gradient_parts
+                    .push((site, (*index).clone(), self.step));
+            }
+        }
+        self.saved.leaves.insert((site, self.step), leaf);
+        T::from_value(tracked).ok_or_else(|| Error::Edit {
+            site: site.to_string(),
+            message: "the value changed kind".into(),
+        })
     }
 
     /// The part of `value` (the value of `site`) that `index` selects at this step.

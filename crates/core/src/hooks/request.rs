@@ -193,6 +193,10 @@ pub enum Action {
     Save,
     /// Change the value.
     Write(Write),
+    /// Keep the gradient, with respect to the value as it flows on, of a scalar the caller
+    /// computes from the run ([`crate::Trace::gradients`]): a prompt call on a model loaded on
+    /// an autodiff device.
+    Grad,
 }
 
 /// One request: a site, the part of it, the steps it binds to, and what to do there.
@@ -237,6 +241,19 @@ impl Interventions {
     pub fn add(mut self, site: Site, steps: Steps, value: SiteValue) -> Self {
         self.push(site, steps, Action::Write(Write::Add(Box::new(value))));
         self
+    }
+
+    /// Keeps the gradient at `site` of the prompt call (see [`Action::Grad`]).
+    pub fn grad(mut self, site: Site) -> Self {
+        self.push(site, Steps::At(0), Action::Grad);
+        self
+    }
+
+    /// Whether a request asks for a gradient.
+    pub fn has_gradients(&self) -> bool {
+        self.requests
+            .iter()
+            .any(|request| matches!(request.action, Action::Grad))
     }
 
     /// Zeroes `site` at `steps`.
@@ -291,8 +308,8 @@ impl Interventions {
         &self.requests
     }
 
-    /// Bytes the values saved by a run of `steps` calls on `batch` prompts of `prompt_len`
-    /// tokens will take at most (every value counted as 4-byte elements, 8 for `input_ids`),
+    /// Bytes the values saved (and gradients kept) by a run of `steps` calls on `batch` prompts
+    /// of `prompt_len` tokens will take at most (every value counted as 4-byte elements, 8 for `input_ids`),
     /// from the schema's shape table; `Ok(None)` if the count overflows. A generation that stops
     /// early at EOS saves less. A saved site this model does not serve is an error naming it.
     pub fn saved_bytes(
@@ -305,7 +322,7 @@ impl Interventions {
         for request in self
             .requests
             .iter()
-            .filter(|r| matches!(r.action, Action::Save))
+            .filter(|r| matches!(r.action, Action::Save | Action::Grad))
         {
             let bytes = saved_bytes_of(layout, request, sizes, steps)?;
             total = total
@@ -324,7 +341,7 @@ impl Interventions {
         self.requests.iter().all(|request| {
             request.index.keeps_first_axis()
                 && match &request.action {
-                    Action::Save | Action::Write(Write::Zero) => true,
+                    Action::Save | Action::Grad | Action::Write(Write::Zero) => true,
                     Action::Write(Write::Set(value) | Write::Add(value)) => {
                         value.shape().first() == Some(&1)
                     }

@@ -24,6 +24,8 @@ pub enum SpecKind {
     Add,
     /// `--set PATTERN[INDEX][@STEPS]=FILE.safetensors:KEY`.
     Set,
+    /// `--save-grad PATTERN[INDEX]`: the gradient at the prompt call.
+    Grad,
 }
 
 /// The request arguments of one run, each list in command-line order. At one site, sets apply
@@ -32,6 +34,8 @@ pub enum SpecKind {
 pub struct RequestSpecs {
     /// Sites to save.
     pub save: Vec<String>,
+    /// Sites whose gradient to keep (a trace on a model loaded for gradients).
+    pub save_grad: Vec<String>,
     /// Sites to zero.
     pub zero: Vec<String>,
     /// Stored tensors or numbers to add (`TARGET=FILE.safetensors:KEY[*SCALE]`,
@@ -137,6 +141,7 @@ impl RequestSpecs {
             (SpecKind::Add, &self.add),
             (SpecKind::Zero, &self.zero),
             (SpecKind::Save, &self.save),
+            (SpecKind::Grad, &self.save_grad),
         ];
         let context = SpecContext {
             layout,
@@ -187,8 +192,15 @@ fn push_spec(
         message,
     };
     let (target, stored) = match (kind, spec.split_once('=')) {
-        (SpecKind::Save | SpecKind::Zero, None) => (spec, None),
-        (SpecKind::Save | SpecKind::Zero, Some(_)) => {
+        (SpecKind::Grad, _) if context.generating => {
+            return Err(invalid(
+                "gradients are kept on a prompt call: ask them of a trace (no \
+                 --max-new-tokens)"
+                    .into(),
+            ));
+        }
+        (SpecKind::Save | SpecKind::Zero | SpecKind::Grad, None) => (spec, None),
+        (SpecKind::Save | SpecKind::Zero | SpecKind::Grad, Some(_)) => {
             return Err(invalid(
                 "takes no `=`; use --set or --add to write a stored tensor".into(),
             ));
@@ -275,6 +287,7 @@ fn push_request(
             .map_err(|message| invalid(format!("for `{site}`: {message}")))?;
         let action = match kind {
             SpecKind::Save => Action::Save,
+            SpecKind::Grad => Action::Grad,
             SpecKind::Zero => Action::Write(Write::Zero),
             SpecKind::Add | SpecKind::Set => {
                 let operand = operand.as_ref().ok_or_else(|| {

@@ -1,6 +1,6 @@
 //! Rank-erased site values: what a read returns and a write supplies.
 
-use burn::tensor::{Device, Int, Shape, Slice, Tensor, TensorData};
+use burn::tensor::{Device, Gradients, Int, Shape, Slice, Tensor, TensorData};
 
 /// Applies `$body` to the tensor of whichever variant `$value` is, rewrapping the result in the
 /// same variant.
@@ -73,6 +73,45 @@ impl SiteValue {
             SiteValue::Float3(t) => t.to_data().convert::<f32>(),
             SiteValue::Float4(t) => t.to_data().convert::<f32>(),
         }
+    }
+
+    /// A zero value of this shape that keeps its gradient (an autodiff leaf); an error for
+    /// token ids, or a value off an autodiff device.
+    pub fn gradient_leaf(&self) -> Result<SiteValue, String> {
+        if matches!(self, SiteValue::Ids(_)) {
+            return Err("token ids have no gradient".into());
+        }
+        let zeros = self.zeros_like();
+        let autodiff = match &zeros {
+            SiteValue::Ids(t) => t.is_autodiff(),
+            SiteValue::Float2(t) => t.is_autodiff(),
+            SiteValue::Float3(t) => t.is_autodiff(),
+            SiteValue::Float4(t) => t.is_autodiff(),
+        };
+        if !autodiff {
+            return Err("gradients need the model loaded on an autodiff device".into());
+        }
+        Ok(match zeros {
+            SiteValue::Float2(t) => SiteValue::Float2(t.require_grad()),
+            SiteValue::Float3(t) => SiteValue::Float3(t.require_grad()),
+            SiteValue::Float4(t) => SiteValue::Float4(t.require_grad()),
+            ids => ids,
+        })
+    }
+
+    /// The gradient `gradients` holds for this leaf (off the autodiff device), if any.
+    pub fn gradient(&self, gradients: &Gradients) -> Option<SiteValue> {
+        match self {
+            SiteValue::Ids(_) => None,
+            SiteValue::Float2(t) => t.grad(gradients).map(SiteValue::Float2),
+            SiteValue::Float3(t) => t.grad(gradients).map(SiteValue::Float3),
+            SiteValue::Float4(t) => t.grad(gradients).map(SiteValue::Float4),
+        }
+    }
+
+    /// The value off any autodiff device (and out of its graph).
+    pub fn without_autodiff(self) -> SiteValue {
+        each_variant!(self, t => t.without_autodiff())
     }
 
     /// The same value with every element zero.

@@ -4,7 +4,7 @@
 //! router's weights, and an optional shared expert, scaled by `sigmoid(shared_expert_gate(x))`,
 //! is added (Qwen2-MoE, Qwen3-Next).
 
-use burn::tensor::{IndexingUpdateOp, Int, Tensor, TensorData, activation};
+use burn::tensor::{Device, IndexingUpdateOp, Int, Tensor, TensorData, activation};
 
 use super::mlp::{mlp_site, serve_mlp_input};
 use super::{Activation, GatedMlp, GatedMlpSpec, Linear};
@@ -157,41 +157,44 @@ impl SparseMoe {
             mlp_site(layer, MlpSite::RouterLogits),
             logits.reshape([batch, tokens, self.spec.experts]),
         )?;
-        let probabilities = activation::softmax(logits, 2)
-            .into_data()
-            .convert::<f32>()
-            .try_into_vec::<f32>()?;
-        let (experts, weights) = self.choose(&probabilities);
-        let device = flat.device();
-        let shape = [batch, tokens, self.spec.top_k];
-        let as_tensor =
-            |values: Vec<f32>| Tensor::<3>::from_data(TensorData::new(values, shape), &device);
-        let indices_site = mlp_site(layer, MlpSite::ExpertIndices);
-        let indices_written = call.writes(indices_site);
-        let indices = call.visit(indices_site, as_tensor(experts.clone()))?;
-        let weights_site = mlp_site(layer, MlpSite::ExpertWeights);
-        let weights_written = call.writes(weights_site);
-        let served_weights = call.visit(weights_site, as_tensor(weights.clone()))?;
-        let experts = match indices_written {
-            true => self.written_experts(indices, indices_site)?,
-            false => experts,
-        };
-        let weights = match weights_written {
-            true => served_weights
+        let probabilities = activation::softmax(logits, 2);
+        let chosen = self.choose(
+            &probabilities
+                .clone()
                 .into_data()
                 .convert::<f32>()
                 .try_into_vec::<f32>()?,
-            false => weights,
+        );
+        let device = flat.device();
+        let top_k = self.spec.top_k;
+        let shape = [batch, tokens, top_k];
+        let indices_site = mlp_site(layer, MlpSite::ExpertIndices);
+        let indices_written = call.writes(indices_site);
+        let chosen_tensor = Tensor::<3>::from_data(TensorData::new(chosen.clone(), shape), &device);
+        let indices = call.visit(indices_site, chosen_tensor)?;
+        // The weights are the chosen experts' probabilities taken from the tensor (not from
+        // the host copy), so that gradients reach the router through them.
+        let picked = probabilities.gather(2, chosen_tensor_int(&chosen, shape, &device));
+        let weights = match self.spec.renormalise {
+            true => picked.clone() / picked.sum_dim(2),
+            false => picked,
         };
+        let weights_site = mlp_site(layer, MlpSite::ExpertWeights);
+        let weights = call.visit(weights_site, weights)?;
+        let experts = match indices_written {
+            true => self.written_experts(indices, indices_site)?,
+            false => chosen,
+        };
+        let weights = weights.reshape([batch * tokens * top_k, 1]);
         let mut output = flat.zeros_like();
-        for (expert, (rows, weights)) in self.routes(&experts, &weights).into_iter().enumerate() {
+        for (expert, (rows, slots)) in self.routes(&experts).into_iter().enumerate() {
             if rows.is_empty() {
                 continue;
             }
             let count = rows.len();
             let rows: Tensor<1, Int> = Tensor::from_data(TensorData::new(rows, [count]), &device);
-            let weights: Tensor<2> =
-                Tensor::from_data(TensorData::new(weights, [count, 1]), &device);
+            let slots: Tensor<1, Int> = Tensor::from_data(TensorData::new(slots, [count]), &device);
+            let weights = weights.clone().select(0, slots);
             let routed =
                 self.experts[expert].forward(flat.clone().select(0, rows.clone())) * weights;
             output = output.select_assign(0, rows, routed, IndexingUpdateOp::Add);
@@ -203,27 +206,20 @@ impl SparseMoe {
     }
 
     /// Each row's top `k` experts by probability (ties to the lower expert index), in
-    /// increasing index, as floats, and their weights, renormalised if the block says so:
-    /// `[rows * k]` each.
-    fn choose(&self, probabilities: &[f32]) -> (Vec<f32>, Vec<f32>) {
+    /// increasing index, as floats: `[rows * k]`.
+    fn choose(&self, probabilities: &[f32]) -> Vec<f32> {
         let (experts, top_k) = (self.spec.experts, self.spec.top_k);
         let rows = probabilities.len() / experts;
         let mut chosen = Vec::with_capacity(rows * top_k);
-        let mut weights = Vec::with_capacity(rows * top_k);
         for probs in probabilities.chunks(experts) {
             let mut order: Vec<usize> = (0..experts).collect();
             order.sort_by(|a, b| probs[*b].total_cmp(&probs[*a]).then(a.cmp(b)));
             order.truncate(top_k);
             // In increasing index: an order no near-tie between chosen experts can flip.
             order.sort_unstable();
-            let total: f32 = order.iter().map(|e| probs[*e]).sum();
-            let scale = if self.spec.renormalise { total } else { 1.0 };
-            for expert in order {
-                chosen.push(expert as f32);
-                weights.push(probs[expert] / scale);
-            }
+            chosen.extend(order.into_iter().map(|expert| expert as f32));
         }
-        (chosen, weights)
+        chosen
     }
 
     /// Written expert indices, checked: whole numbers below the number of experts.
@@ -245,19 +241,24 @@ impl SparseMoe {
         }
     }
 
-    /// Per expert, the rows routed to it and their weights, from each row's `k` chosen experts
-    /// and weights.
-    fn routes(&self, experts: &[f32], weights: &[f32]) -> Vec<(Vec<i64>, Vec<f32>)> {
+    /// Per expert, the rows routed to it and the slots (`row * k + j`) of their weights, from
+    /// each row's `k` chosen experts.
+    fn routes(&self, experts: &[f32]) -> Vec<(Vec<i64>, Vec<i64>)> {
         let top_k = self.spec.top_k;
         let mut routes = vec![(Vec::new(), Vec::new()); self.spec.experts];
-        for (row, (chosen, weights)) in experts.chunks(top_k).zip(weights.chunks(top_k)).enumerate()
-        {
-            for (expert, weight) in chosen.iter().zip(weights) {
+        for (row, chosen) in experts.chunks(top_k).enumerate() {
+            for (j, expert) in chosen.iter().enumerate() {
                 let route = &mut routes[*expert as usize];
                 route.0.push(row as i64);
-                route.1.push(*weight);
+                route.1.push((row * top_k + j) as i64);
             }
         }
         routes
     }
+}
+
+/// The chosen experts (whole numbers as floats) as integer indices `[B, T, k]`.
+fn chosen_tensor_int(chosen: &[f32], shape: [usize; 3], device: &Device) -> Tensor<3, Int> {
+    let indices: Vec<i64> = chosen.iter().map(|expert| *expert as i64).collect();
+    Tensor::from_data(TensorData::new(indices, shape), device)
 }

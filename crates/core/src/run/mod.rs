@@ -103,6 +103,12 @@ impl Model {
             });
         }
         config.validate()?;
+        if run.interventions.is_some_and(Interventions::has_gradients) {
+            return Err(Error::RunOption {
+                option: "a gradient request",
+                reason: "gradients are kept on a prompt call: ask them of a trace".into(),
+            });
+        }
         let none = Interventions::new();
         let mut pass = self.start(batch, run, &none)?;
         let prompt_len = batch.len();
@@ -205,6 +211,15 @@ impl Model {
         } = run;
         let interventions = interventions.unwrap_or(none);
         interventions.validate(self.layout())?;
+        if interventions.has_gradients() && !self.device().is_autodiff() {
+            return Err(Error::RunOption {
+                option: "a gradient request",
+                reason: "gradients need the model loaded on an autodiff device \
+                         (`Model::load(&source, &device.autodiff())`; the CLI's `--grad` and \
+                         Python's `grad=` load it so)"
+                    .into(),
+            });
+        }
         batch.validate(self.layout().vocab)?;
         Ok(Pass {
             interrupt: interrupt.map(|check| -> &'p mut dyn FnMut(usize) -> bool { check }),

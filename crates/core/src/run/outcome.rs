@@ -54,6 +54,13 @@ impl Trace {
         })
     }
 
+    /// The gradients of `metric` (one number computed from this trace, e.g. from its logits)
+    /// with respect to every site part the run asked a gradient of, keyed as saved values are
+    /// (see [`Saved::gradients`]); once per trace.
+    pub fn gradients(&mut self, metric: &Tensor<1>) -> Result<Saved> {
+        self.saved.gradients(metric)
+    }
+
     /// `[B, V]` softmax of the last position's logits; an error if the run stopped early, as
     /// for [`Trace::logits`].
     pub fn next_token_probs(&self) -> Result<&Tensor<2>> {

@@ -38,6 +38,10 @@ class Run:
     """Each row's continuation only (empty strings for a trace)."""
     steps: int
     """Calls made: 1 for a trace; for a generation, the tokens appended."""
+    grads: dict[str, np.ndarray]
+    """Gradients of `trace(grad=...)`'s metric by key `SITE[INDEX]@0` (empty without it)."""
+    metric: float | None
+    """The value of `trace(grad=...)`'s metric, else None."""
 
 class Model:
     """A loaded model."""
@@ -51,6 +55,7 @@ class Model:
         device: str | None = None,
         sae: Sequence[str] | None = None,
         sae_without_error: bool = False,
+        gradients: bool = False,
     ) -> None:
         """Load a local Hugging Face directory, a hub id, or (None) the embedded default model.
         `dtype` is the precision the weights are stored in: "auto" (or None: the config's
@@ -66,7 +71,8 @@ class Model:
         Scope params.npz): their values become sites, SITE.sae.features [B, T, F],
         SITE.sae.reconstruction and SITE.sae.error, to save and edit like any other; with no
         edit the model runs unchanged. `sae_without_error`: replace those sites by the
-        reconstruction alone."""
+        reconstruction alone. `gradients`: load for `trace(grad=...)` (every product runs as
+        autodiff-recording tensor operations: slower, f32)."""
 
     def attach(self, sae: Sequence[str], *, without_error: bool = False) -> "Model":
         """A new Model sharing this one's weights, with feature dictionaries attached (each
@@ -98,9 +104,14 @@ class Model:
         zero: Sequence[str] | None = None,
         add: Mapping[str, ArrayLike] | None = None,
         set: Mapping[str, ArrayLike] | None = None,
+        grad: str | None = None,
+        save_grad: Sequence[str] | None = None,
     ) -> Run:
         """One forward call (step 0). `save`/`zero` take `PATTERN[INDEX]`; `add`/`set` map such a
-        target to an array that broadcasts to the selected value."""
+        target to an array that broadcasts to the selected value. `grad` names a metric of the
+        logits ("logit-diff: A, B", "logit:A", "prob:A", "logprob:A", each with an optional
+        "@POS", or "loss"): its value comes back as `Run.metric` and its gradient at the
+        `save_grad` patterns as `Run.grads` (a model loaded with `gradients=True`)."""
 
     def generate(
         self,

@@ -2,13 +2,20 @@
 //! attention patterns and dictionary features.
 
 mod attention;
+mod attribution_patching;
 mod features;
+mod gradient;
 mod lens;
 mod logit_attribution;
 mod patching;
 
 pub use attention::{AttentionLayer, attention_patterns, attention_sites};
+pub use attribution_patching::{
+    AttributionMethod, AttributionRow, AttributionSweep, PromptPair, attribution_patching,
+    correlation,
+};
 pub use features::{FeatureReport, feature_report, top_active};
+pub use gradient::{GradMetric, Position};
 pub use lens::{LogitLens, logit_lens};
 pub use logit_attribution::{
     LayerAttribution, LogitAttribution, MixerAttribution, logit_attribution,

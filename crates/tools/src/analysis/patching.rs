@@ -156,7 +156,7 @@ pub fn activation_patching(
 }
 
 /// The axis of `site` that indexes prompt positions.
-fn position_axis(model: &Model, site: Site) -> Result<usize> {
+pub(crate) fn position_axis(model: &Model, site: Site) -> Result<usize> {
     let shape = model.layout().symbolic_shape(site)?;
     shape
         .0

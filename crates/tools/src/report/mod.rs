@@ -17,8 +17,11 @@ pub use attention::attention_json;
 pub use attribution::attribution_json;
 pub use features::features_json;
 pub use lens::{LensLayer, lens_json, lens_top};
-pub use patching::{metric, patch_json, patch_labels};
-pub use run::{continuation, generation_json, saved_tensors, top_next_tokens, trace_json};
+pub use patching::{attribution_patching_json, metric, patch_json, patch_labels};
+pub use run::{
+    continuation, generation_json, gradient_tensors, gradients_json, saved_tensors,
+    top_next_tokens, trace_json,
+};
 
 /// The text of one token, or `<ID>` for a model without a tokenizer.
 pub fn token_text(model: &Model, id: usize) -> Result<String> {

@@ -5,7 +5,7 @@ use hookscope_core::{Batch, Error, Model, Result};
 use serde_json::{Value, json};
 
 use super::{prompt_labels, single_token};
-use crate::analysis::{Metric, PatchingSweep};
+use crate::analysis::{AttributionRow, AttributionSweep, Metric, PatchingSweep};
 
 /// `logit-diff:A,B` (logit of A minus logit of B at the last position) or `prob:A`, tokens as
 /// text (one token each, e.g. ` Mary`) or `#ID`.
@@ -60,5 +60,31 @@ pub fn patch_json(sweep: &PatchingSweep, labels: &[String], metric: &str) -> Val
         "corrupt": sweep.corrupt,
         "positions": labels,
         "sites": sites,
+    })
+}
+
+/// Attribution patching's report (`hookscope attrib --json`): patching's shape (`sites`, one
+/// row per site) with the method and, for head-indexed sites, `heads` (`{"site", "head",
+/// "scores"}`).
+pub fn attribution_patching_json(
+    sweep: &AttributionSweep,
+    labels: &[String],
+    metric: &str,
+    method: &str,
+) -> Value {
+    let row = |row: &AttributionRow| match row.head {
+        None => json!({"site": row.site.to_string(), "scores": row.scores}),
+        Some(head) => json!({"site": row.site.to_string(), "head": head, "scores": row.scores}),
+    };
+    let (heads, sites): (Vec<&AttributionRow>, Vec<&AttributionRow>) =
+        sweep.rows.iter().partition(|r| r.head.is_some());
+    json!({
+        "metric": metric,
+        "method": method,
+        "clean": sweep.clean,
+        "corrupt": sweep.corrupt,
+        "positions": labels,
+        "sites": sites.into_iter().map(row).collect::<Vec<_>>(),
+        "heads": heads.into_iter().map(row).collect::<Vec<_>>(),
     })
 }

@@ -107,6 +107,23 @@ fn prompt_ids(generation: &Generation, row: usize) -> Vec<u32> {
         .collect()
 }
 
+/// Every gradient as `grad:{site}@{step}` (what `--out` writes beside the saved values).
+pub fn gradient_tensors(gradients: &Saved) -> Vec<(String, TensorData)> {
+    gradients
+        .iter()
+        .map(|entry| (format!("grad:{}", entry.key()), entry.to_data()))
+        .collect()
+}
+
+/// The gradients' keys (`grad:{site}@{step}`) and shapes, `[{"key", "shape"}]`.
+pub fn gradients_json(gradients: &Saved) -> Value {
+    let rows: Vec<Value> = gradients
+        .iter()
+        .map(|entry| json!({"key": format!("grad:{}", entry.key()), "shape": entry.shape()}))
+        .collect();
+    Value::Array(rows)
+}
+
 /// Every saved value as `{site}@{step}`, then `output_ids` and, for a padded batch,
 /// `attention_mask` (both i64 `[B, len]`): what `--out` writes.
 pub fn saved_tensors(
