@@ -6,7 +6,7 @@
 //! straight path between the corrupt and clean token embeddings (integrated gradients, the
 //! node form of Hanna et al.'s EAP-IG, 2024).
 
-use hookscope_core::hooks::{Interventions, Saved, SiteValue, Steps};
+use hookscope_core::hooks::{Interventions, Saved, Steps};
 use hookscope_core::host::f32_values;
 use hookscope_core::schema::{Dim, Site};
 use hookscope_core::{Error, Model, Result, Trace};
@@ -128,13 +128,7 @@ pub fn attribution_patching(
                     .zip(&to)
                     .map(|(a, b)| a + alpha * (b - a))
                     .collect();
-                let point =
-                    SiteValue::from_floats(point, &shape, model.device()).map_err(|message| {
-                        Error::Edit {
-                            site: embeddings.to_string(),
-                            message,
-                        }
-                    })?;
+                let point = super::value_to_write(model, embeddings, point, &shape)?;
                 let requests = wanted.clone().set(embeddings, Steps::At(0), point);
                 let at_point = gradients_at(model, corrupt, &requests, metric, sites)?;
                 if total.is_empty() {

@@ -22,9 +22,9 @@ pub use logit_attribution::{
 };
 pub use patching::{Metric, PatchingSweep, activation_patching};
 
-use hookscope_core::hooks::{Interventions, Saved, Steps};
+use hookscope_core::hooks::{Interventions, Saved, SiteValue, Steps};
 use hookscope_core::schema::Site;
-use hookscope_core::{Batch, Model, Result, Run};
+use hookscope_core::{Batch, Error, Model, Result, Run};
 
 /// The prompt call of `batch` with `interventions`, saving every site of `sites` whole and
 /// stopping after the last of them.
@@ -42,4 +42,18 @@ fn prompt_call_saving(
         .interventions(&requests)
         .stop_after_last_request();
     Ok(model.trace(batch, run)?.saved)
+}
+
+/// Host `values` of `shape` as a value to write at `site` on the model's device; an error
+/// naming the site for a shape no site has.
+fn value_to_write(
+    model: &Model,
+    site: Site,
+    values: Vec<f32>,
+    shape: &[usize],
+) -> Result<SiteValue> {
+    SiteValue::from_floats(values, shape, model.device()).map_err(|message| Error::Edit {
+        site: site.to_string(),
+        message,
+    })
 }

@@ -5,7 +5,7 @@
 use hookscope_core::burn::tensor::Tensor;
 
 use hookscope_core::Model;
-use hookscope_core::hooks::{Interventions, Saved, SiteValue, Steps};
+use hookscope_core::hooks::{Interventions, Saved, Steps};
 use hookscope_core::host::f32_values;
 use hookscope_core::schema::{Dim, Site};
 use hookscope_core::{Error, Result};
@@ -131,13 +131,7 @@ pub fn activation_patching(
         let patched = patched_rows(&clean_values, &corrupt_values, &shape, axis);
         let mut patched_shape = shape.clone();
         patched_shape[0] = positions;
-        let patched =
-            SiteValue::from_floats(patched, &patched_shape, model.device()).map_err(|message| {
-                Error::Edit {
-                    site: site.to_string(),
-                    message,
-                }
-            })?;
+        let patched = super::value_to_write(model, *site, patched, &patched_shape)?;
         let interventions = Interventions::new().set(*site, Steps::At(0), patched);
         let trace = model.trace(&batch, &interventions)?;
         let row_scores = last_logits(trace.logits()?)?
