@@ -2,7 +2,8 @@
 """The cost of a gradient pass (issue 36): hookscope's `trace(grad=..., save_grad=...)` against
 transformers' forward + backward with the same sites' gradients retained, on one model and
 prompt length, each in its own process (time: median of REPEATS after one warm-up; memory: the
-process's peak RSS less its RSS after loading). Prints JSON.
+process's peak RSS less its RSS after loading; the loaded model's RSS beside it: transformers
+maps the checkpoint, so its figure grows as pages are first read). Prints JSON.
 
     python conformance/scripts/make_fixtures.py --bench-model /tmp/bench-gpt2
     python conformance/scripts/bench_gradients.py --model /tmp/bench-gpt2 --tokens 128
@@ -54,6 +55,7 @@ def peak_mib():
 def run_hookscope(model_dir, ids, layers):
     import hookscope
 
+    before = rss_mib()
     model = hookscope.Model(model_dir, gradients=True)
     loaded = rss_mib()
     sites = [f"layers.{i}.layer_output" for i in range(layers)]
@@ -69,7 +71,7 @@ def run_hookscope(model_dir, ids, layers):
         times.append(time.perf_counter() - started)
     assert len(run.grads) == layers
     return {"seconds": statistics.median(times), "loss": run.metric,
-            "peak_over_loaded_mib": peak_mib() - loaded}
+            "peak_over_loaded_mib": peak_mib() - loaded, "loaded_mib": loaded - before}
 
 
 def run_transformers(model_dir, ids, layers):
@@ -77,6 +79,7 @@ def run_transformers(model_dir, ids, layers):
     import transformers
 
     torch.set_num_threads(os.cpu_count())
+    before = rss_mib()
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32,
                                                               attn_implementation="eager")
     model.eval()
@@ -111,13 +114,15 @@ def run_transformers(model_dir, ids, layers):
         times.append(time.perf_counter() - started)
     assert len(grads) == layers and all(g is not None for g in grads)
     return {"seconds": statistics.median(times), "loss": loss,
-            "peak_over_loaded_mib": peak_mib() - loaded}
+            "peak_over_loaded_mib": peak_mib() - loaded, "loaded_mib": loaded - before}
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True)
     parser.add_argument("--tokens", type=int, default=128)
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="processes per side, alternating which runs first")
     parser.add_argument("--which", choices=["hookscope", "transformers"])
     args = parser.parse_args()
     config = json.load(open(os.path.join(args.model, "config.json")))
@@ -128,21 +133,36 @@ def main():
         run = run_hookscope if args.which == "hookscope" else run_transformers
         print(json.dumps(run(args.model, ids, layers)))
         return
-    results = {}
-    for which in ("hookscope", "transformers"):
-        out = subprocess.run([sys.executable, __file__, "--model", args.model, "--tokens",
-                              str(args.tokens), "--which", which],
-                             check=True, capture_output=True, text=True).stdout
-        results[which] = json.loads(out.strip().splitlines()[-1])
+    # Rounds alternate which runs first, so that drift in a shared machine's speed falls on
+    # both; each side's figure is its median over the rounds, the ratio the median of the
+    # rounds' ratios.
+    rounds = {"hookscope": [], "transformers": []}
+    for round_index in range(args.rounds):
+        order = ("hookscope", "transformers")
+        for which in order if round_index % 2 == 0 else order[::-1]:
+            out = subprocess.run([sys.executable, __file__, "--model", args.model, "--tokens",
+                                  str(args.tokens), "--which", which],
+                                 check=True, capture_output=True, text=True).stdout
+            rounds[which].append(json.loads(out.strip().splitlines()[-1]))
+
+    def median_of(which, key):
+        return statistics.median(run[key] for run in rounds[which])
+
+    results = {which: {"seconds": median_of(which, "seconds"),
+                       "peak_over_loaded_mib": median_of(which, "peak_over_loaded_mib"),
+                       "loaded_mib": median_of(which, "loaded_mib"),
+                       "loss": rounds[which][0]["loss"]} for which in rounds}
     h, t = results["hookscope"], results["transformers"]
+    ratios = [tr["seconds"] / hr["seconds"]
+              for hr, tr in zip(rounds["hookscope"], rounds["transformers"])]
     print(json.dumps({
         "cpu": cpu(), "threads": os.cpu_count(),
-        "tokens": args.tokens, "layers": layers, **results,
-        "time_ratio_transformers_over_hookscope": round(t["seconds"] / h["seconds"], 3),
+        "tokens": args.tokens, "layers": layers, "rounds": args.rounds, **results,
+        "time_ratio_transformers_over_hookscope": round(statistics.median(ratios), 3),
+        "time_ratios_per_round": [round(r, 3) for r in ratios],
         "memory_ratio_hookscope_over_transformers":
             round(h["peak_over_loaded_mib"] / max(t["peak_over_loaded_mib"], 1e-9), 3),
     }, indent=1))
-
 
 if __name__ == "__main__":
     main()

@@ -14,7 +14,7 @@ use rayon::prelude::*;
 use super::host::{f32_primitive, from_host};
 
 /// Values per parallel task.
-const CHUNK: usize = 16 * 1024;
+pub(super) const CHUNK: usize = 16 * 1024;
 
 /// `x * sigmoid(x)`.
 pub(crate) fn silu<const D: usize>(x: &Tensor<D>) -> Option<Tensor<D>> {
@@ -71,7 +71,7 @@ pub(crate) fn gelu_tanh<const D: usize>(x: &Tensor<D>) -> Option<Tensor<D>> {
 }
 
 #[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma"))]
-fn gelu_tanh_slice(input: &[f32], output: &mut [f32]) {
+pub(super) fn gelu_tanh_slice(input: &[f32], output: &mut [f32]) {
     const TWO_SQRT_2_OVER_PI: f32 = (2.0 * SQRT_2_OVER_PI) as f32;
     for (y, &x) in output.iter_mut().zip(input) {
         let u2 = TWO_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x);
@@ -97,12 +97,17 @@ pub(crate) fn map_f32_chunks<const D: usize>(
         return None;
     }
     let input = primitive.as_slice::<f32>()?;
+    Some(from_host(map_slice(input, chunk, kernel), x.dims()))
+}
+
+/// `kernel` over `input`, `chunk` values at a time, chunks spread over rayon's threads.
+pub(super) fn map_slice(input: &[f32], chunk: usize, kernel: fn(&[f32], &mut [f32])) -> Vec<f32> {
     let mut output = vec![0.0f32; input.len()];
     output
         .par_chunks_mut(chunk)
         .zip(input.par_chunks(chunk))
         .for_each(|(out, inp)| kernel(inp, out));
-    Some(from_host(output, x.dims()))
+    output
 }
 
 #[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma"))]

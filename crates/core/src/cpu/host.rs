@@ -1,6 +1,6 @@
-//! The CPU (`flex`) backend's host storage: the one place that names burn's `Flex` types. The
-//! kernels read their operands' `f32` values where they lie and hand their results back as
-//! tensors of that backend.
+//! The CPU (`flex`) backend's host storage: with `tracked` (the same storage under autodiff),
+//! the one place that names burn's `Flex` types. The kernels read their operands' `f32` values
+//! where they lie and hand their results back as tensors of that backend.
 
 use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;

@@ -18,6 +18,7 @@ mod pool;
 mod prompt_attention;
 mod selective_scan;
 mod softmax;
+mod tracked;
 
 pub(crate) use decode_attention::attend as decode_attention;
 pub(crate) use elementwise::{SQRT_2_OVER_PI, exp, gelu_tanh, sigmoid, silu};
@@ -28,3 +29,6 @@ pub use pool::on_worker;
 pub(crate) use prompt_attention::attend as prompt_attention;
 pub(crate) use selective_scan::{ScanOperands, selective_scan};
 pub(crate) use softmax::softmax_last;
+pub(crate) use tracked::{
+    TrackedMatrix, gelu_tanh as tracked_gelu_tanh, multiply as tracked_multiply, pack_tracked,
+};

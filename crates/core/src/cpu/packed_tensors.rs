@@ -4,6 +4,7 @@
 
 use std::ops::Range;
 
+use burn::backend::flex::FlexTensor;
 use burn::tensor::{Int, Tensor};
 
 use super::host::{contiguous_values, f32_primitive, from_host, to_host_f32};
@@ -14,6 +15,17 @@ use crate::precision::WeightDtype;
 pub(crate) fn pack_view(weight: &Tensor<2>) -> Option<PackedMatrix> {
     let [d_in, d_out] = weight.dims();
     let primitive = f32_primitive(weight)?;
+    let element = strided_element(&primitive, [d_in, d_out])?;
+    Some(PackedMatrix::pack(WeightDtype::F32, d_in, d_out, element))
+}
+
+/// Element `(k, n)` of the `f32` storage `primitive` viewed as a `[d_in, d_out]` matrix with
+/// its own strides; `None` when the layout is not two-dimensional or does not lie inside the
+/// storage.
+pub(crate) fn strided_element(
+    primitive: &FlexTensor,
+    [d_in, d_out]: [usize; 2],
+) -> Option<impl Fn(usize, usize) -> f32 + Sync + '_> {
     let layout = primitive.layout();
     let [in_stride, out_stride] = layout.strides() else {
         return None;
@@ -24,11 +36,8 @@ pub(crate) fn pack_view(weight: &Tensor<2>) -> Option<PackedMatrix> {
     );
     let storage = &primitive.storage::<f32>()[layout.start_offset()..];
     let last = (d_in.checked_sub(1)?) * in_stride + (d_out.checked_sub(1)?) * out_stride;
-    (last < storage.len()).then(|| {
-        PackedMatrix::pack(WeightDtype::F32, d_in, d_out, |k, n| {
-            storage[k * in_stride + n * out_stride]
-        })
-    })
+    (last < storage.len())
+        .then_some(move |k: usize, n: usize| storage[k * in_stride + n * out_stride])
 }
 
 /// `x W + b` for `x` `[rows, in]`: `[rows, out]`.

@@ -52,10 +52,12 @@ impl Activation {
 }
 
 /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`: vectorised on the CPU backend
-/// (`cpu::gelu_tanh`); elsewhere with the cube as two products (burn's
-/// `gelu_approximate` computes it with `powf`, several times slower).
+/// (`cpu::gelu_tanh`, and under autodiff `cpu::tracked_gelu_tanh` with its own backward);
+/// elsewhere with the cube as two products (burn's `gelu_approximate` computes it with
+/// `powf`, several times slower).
 fn gelu_tanh<const D: usize>(x: Tensor<D>) -> Tensor<D> {
-    if let Some(y) = crate::cpu::gelu_tanh(&x) {
+    let fast = crate::cpu::gelu_tanh(&x).or_else(|| crate::cpu::tracked_gelu_tanh(&x));
+    if let Some(y) = fast {
         return y;
     }
     let cube = x.clone() * x.clone() * x.clone();

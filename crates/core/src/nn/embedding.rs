@@ -5,7 +5,7 @@ use std::sync::Arc;
 use burn::tensor::module::embedding;
 use burn::tensor::{Int, Tensor};
 
-use crate::cpu::{self, PackedMatrix};
+use crate::cpu::{self, PackedMatrix, TrackedMatrix};
 use crate::error::Result;
 use crate::weights::{Matrix, Orientation, WeightScope};
 
@@ -23,6 +23,9 @@ pub(crate) enum Table {
     /// On the CPU, the table packed in the load's precision as the `[size, rows]` matrix of a
     /// language-model head: a head tied to the table shares this one copy.
     Packed(Arc<PackedMatrix>),
+    /// On the CPU under autodiff (a model loaded for gradients), the head's matrix packed both
+    /// ways ([`TrackedMatrix`]); lookups read the forward one, and a tied head shares both.
+    Tracked(Arc<TrackedMatrix>),
 }
 
 impl Embedding {
@@ -35,7 +38,10 @@ impl Embedding {
         {
             Matrix::Packed(packed) => Table::Packed(Arc::new(packed)),
             // An `[in, out]` view of the `[rows, size]` table.
-            Matrix::Tensor(view) => Table::Dense(Box::new(view.transpose())),
+            Matrix::Tensor(view) => match cpu::pack_tracked(&view) {
+                Some(tracked) => Table::Tracked(Arc::new(tracked)),
+                None => Table::Dense(Box::new(view.transpose())),
+            },
         };
         Ok(Embedding { table })
     }
@@ -46,6 +52,7 @@ impl Embedding {
         match &self.table {
             Table::Dense(table) => embedding(table.as_ref().clone(), indices),
             Table::Packed(packed) => cpu::embedding_rows(packed, indices),
+            Table::Tracked(tracked) => cpu::embedding_rows(tracked.forward(), indices).autodiff(),
         }
     }
 
@@ -59,6 +66,7 @@ impl Embedding {
         match &self.table {
             Table::Dense(table) => table.dims(),
             Table::Packed(packed) => [packed.d_out(), packed.d_in()],
+            Table::Tracked(tracked) => [tracked.forward().d_out(), tracked.forward().d_in()],
         }
     }
 }

@@ -13,7 +13,7 @@ use std::sync::Arc;
 use burn::tensor::Tensor;
 
 use super::embedding::{Embedding, Table};
-use crate::cpu::{self, PackedMatrix};
+use crate::cpu::{self, PackedMatrix, TrackedMatrix};
 use crate::error::Result;
 use crate::precision::WeightDtype;
 use crate::weights::{Matrix, Orientation, WeightLoader, WeightScope, index_tensor};
@@ -39,15 +39,22 @@ pub struct Linear {
 enum Weight {
     /// Packed for the CPU kernels (`flex` backend, f32).
     Packed(Arc<PackedMatrix>),
+    /// Packed both ways for products with their own backward pass (a model loaded for
+    /// gradients on the CPU: burn's autodiff over `flex`).
+    Tracked(Arc<TrackedMatrix>),
     /// An `[in, out]` view of the stored matrix, for burn's matmul.
     Tensor(Box<Tensor<2>>),
 }
 
 impl Weight {
-    /// Packs an `[in, out]` view when it lives on the CPU backend as dense f32.
+    /// Packs an `[in, out]` view when it lives on the CPU backend as f32, with or without
+    /// autodiff; elsewhere keeps the tensor.
     fn new(weight: Tensor<2>) -> Self {
-        match cpu::pack_view(&weight) {
-            Some(packed) => Weight::Packed(Arc::new(packed)),
+        if let Some(packed) = cpu::pack_view(&weight) {
+            return Weight::Packed(Arc::new(packed));
+        }
+        match cpu::pack_tracked(&weight) {
+            Some(tracked) => Weight::Tracked(Arc::new(tracked)),
             None => Weight::Tensor(Box::new(weight)),
         }
     }
@@ -67,7 +74,7 @@ impl Weight {
                 .matrix_outputs(&name, shape, orientation, outputs)?
             {
                 Matrix::Packed(packed) => Weight::Packed(Arc::new(packed)),
-                Matrix::Tensor(tensor) => Weight::Tensor(tensor),
+                Matrix::Tensor(tensor) => Weight::new(*tensor),
             },
         )
     }
@@ -166,7 +173,7 @@ impl Linear {
     ) -> Result<Self> {
         let weight = match loader.matrix(name, shape, Orientation::InOut)? {
             Matrix::Packed(packed) => Weight::Packed(Arc::new(packed)),
-            Matrix::Tensor(tensor) => Weight::Tensor(tensor),
+            Matrix::Tensor(tensor) => Weight::new(*tensor),
         };
         Ok(Linear { weight, bias })
     }
@@ -175,6 +182,7 @@ impl Linear {
     pub fn dtype(&self) -> WeightDtype {
         match &self.weight {
             Weight::Packed(packed) => packed.dtype(),
+            Weight::Tracked(tracked) => tracked.forward().dtype(),
             Weight::Tensor(_) => WeightDtype::F32,
         }
     }
@@ -207,11 +215,13 @@ impl Linear {
         Linear::load_torch(scope, hidden, vocab, false)
     }
 
-    /// A language-model head tied to `embeddings`: on the CPU it shares the packed table.
+    /// A language-model head tied to `embeddings`: on the CPU it shares the packed table (both
+    /// ways under autodiff).
     pub(crate) fn tied_to(embeddings: &Embedding) -> Self {
         let weight = match embeddings.table() {
             Table::Dense(table) => return Linear::from_out_in(table.as_ref().clone()),
             Table::Packed(packed) => Weight::Packed(packed.clone()),
+            Table::Tracked(tracked) => Weight::Tracked(tracked.clone()),
         };
         Linear { weight, bias: None }
     }
@@ -221,7 +231,7 @@ impl Linear {
     pub(crate) fn packed(&self) -> Option<Arc<PackedMatrix>> {
         match &self.weight {
             Weight::Packed(packed) => Some(packed.clone()),
-            Weight::Tensor(_) => None,
+            Weight::Tracked(_) | Weight::Tensor(_) => None,
         }
     }
 
@@ -229,6 +239,7 @@ impl Linear {
     pub fn d_in(&self) -> usize {
         match &self.weight {
             Weight::Packed(packed) => packed.d_in(),
+            Weight::Tracked(tracked) => tracked.forward().d_in(),
             Weight::Tensor(weight) => weight.dims()[0],
         }
     }
@@ -237,6 +248,7 @@ impl Linear {
     pub fn d_out(&self) -> usize {
         match &self.weight {
             Weight::Packed(packed) => packed.d_out(),
+            Weight::Tracked(tracked) => tracked.forward().d_out(),
             Weight::Tensor(weight) => weight.dims()[1],
         }
     }
@@ -249,8 +261,10 @@ impl Linear {
     /// Applies the map to the last axis.
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let bias = self.bias.as_ref();
+        let inputs = 0..self.d_in();
         over_rows(x, self.d_out(), |x| match &self.weight {
             Weight::Packed(packed) => cpu::multiply(packed, x, bias),
+            Weight::Tracked(tracked) => cpu::tracked_multiply(tracked, x, inputs, bias),
             Weight::Tensor(weight) => burn_forward(x, weight, bias),
         })
     }
@@ -266,6 +280,7 @@ impl Linear {
         let d_out = self.d_out();
         over_rows(x, d_out, |x| match &self.weight {
             Weight::Packed(packed) => cpu::multiply_inputs(packed, x, inputs),
+            Weight::Tracked(tracked) => cpu::tracked_multiply(tracked, x, inputs, None),
             Weight::Tensor(weight) => x.matmul(weight.clone().slice([inputs, 0..d_out])),
         })
     }
