@@ -20,7 +20,20 @@ pub(crate) fn dense_f32<const D: usize>(tensor: &Tensor<D>) -> Option<FlexTensor
 
 /// `values` (row-major) as a `flex` tensor of `shape`.
 pub(crate) fn from_host<const D: usize>(values: Vec<f32>, shape: [usize; D]) -> Tensor<D> {
-    Tensor::from_primitive::<Flex>(FlexTensor::from_data(TensorData::new(values, shape)))
+    Tensor::from_primitive::<Flex>(host_storage(values, shape.to_vec()))
+}
+
+/// `values` (row-major) as `flex` storage of `dims`.
+pub(crate) fn host_storage(values: Vec<f32>, dims: Vec<usize>) -> FlexTensor {
+    FlexTensor::from_data(TensorData::new(values, dims))
+}
+
+/// The storage as contiguous `f32` (copied only when strided or of another dtype).
+pub(crate) fn contiguous_f32(storage: FlexTensor) -> FlexTensor {
+    match storage.dtype() {
+        DType::F32 => storage.to_contiguous(),
+        _ => FlexTensor::from_data(storage.into_data().convert::<f32>()),
+    }
 }
 
 /// The tensor as contiguous `f32` storage on the CPU backend: in place when it already is,

@@ -20,12 +20,12 @@ use burn::backend::autodiff::grads::Gradients;
 use burn::backend::autodiff::ops::{Backward, NodeGuard, Ops, OpsKind, unary};
 use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Flex};
-use burn::tensor::{DType, Tensor, TensorData};
+use burn::tensor::{DType, Tensor};
 use multiversion::multiversion;
 use rayon::prelude::*;
 
 use super::elementwise::{CHUNK, SQRT_2_OVER_PI, exp_f32, gelu_tanh_slice, map_slice};
-use super::host::contiguous_values;
+use super::host::{contiguous_f32, contiguous_values, host_storage};
 use super::packed::PackedMatrix;
 use crate::precision::WeightDtype;
 
@@ -84,7 +84,7 @@ pub(crate) fn multiply(
         .try_into_primitive::<Tracked>()
         .expect("a tracked matrix meets activations on the autodiff CPU backend")
         .into_parts();
-    let values = dense_f32(values);
+    let values = contiguous_f32(values);
     let x_values = contiguous_values(&values);
     let bias: Option<Vec<f32>> = bias.map(|bias| {
         bias.clone()
@@ -105,7 +105,7 @@ pub(crate) fn multiply(
         }
         y
     };
-    let y = host_primitive(y, vec![rows, forward.d_out()]);
+    let y = host_storage(y, vec![rows, forward.d_out()]);
     let gradient = InputGradient::Product {
         transposed: matrix.backward.clone(),
         inputs,
@@ -117,9 +117,9 @@ pub(crate) fn multiply(
 /// `None` for a tensor elsewhere.
 pub(crate) fn gelu_tanh<const D: usize>(x: &Tensor<D>) -> Option<Tensor<D>> {
     let (values, node) = x.clone().try_into_primitive::<Tracked>().ok()?.into_parts();
-    let values = dense_f32(values);
+    let values = contiguous_f32(values);
     let y = map_slice(contiguous_values(&values), CHUNK, gelu_tanh_slice);
-    let y = host_primitive(y, x.dims().to_vec());
+    let y = host_storage(y, x.dims().to_vec());
     Some(finish(node, InputGradient::GeluTanh { input: values }, y))
 }
 
@@ -146,7 +146,7 @@ impl fmt::Debug for InputGradient {
 
 impl InputGradient {
     fn apply(self, output_gradient: FlexTensor) -> FlexTensor {
-        let output_gradient = dense_f32(output_gradient);
+        let output_gradient = contiguous_f32(output_gradient);
         let dims = output_gradient.layout().shape().to_vec();
         let gradient = contiguous_values(&output_gradient);
         match self {
@@ -162,7 +162,7 @@ impl InputGradient {
                         .copied()
                         .collect()
                 };
-                host_primitive(kept, vec![rows, inputs.len()])
+                host_storage(kept, vec![rows, inputs.len()])
             }
             InputGradient::GeluTanh { input } => {
                 let x = contiguous_values(&input);
@@ -170,7 +170,7 @@ impl InputGradient {
                 out.par_chunks_mut(CHUNK)
                     .zip(x.par_chunks(CHUNK).zip(gradient.par_chunks(CHUNK)))
                     .for_each(|(out, (x, g))| gelu_tanh_gradient(x, g, out));
-                host_primitive(out, dims)
+                host_storage(out, dims)
             }
         }
     }
@@ -221,19 +221,6 @@ fn gelu_tanh_gradient(x: &[f32], g: &[f32], out: &mut [f32]) {
         let du2 = TWO_C * (1.0 + 3.0 * 0.044715 * x2);
         *y = g * (s + x * s * (1.0 - s) * du2);
     }
-}
-
-/// The storage as contiguous `f32` (copied only when strided or of another dtype).
-fn dense_f32(tensor: FlexTensor) -> FlexTensor {
-    match tensor.dtype() {
-        DType::F32 => tensor.to_contiguous(),
-        _ => FlexTensor::from_data(tensor.into_data().convert::<f32>()),
-    }
-}
-
-/// `values` (row-major) as `flex` storage of `dims`.
-fn host_primitive(values: Vec<f32>, dims: Vec<usize>) -> FlexTensor {
-    FlexTensor::from_data(TensorData::new(values, dims))
 }
 
 #[cfg(test)]
