@@ -223,8 +223,10 @@ def main():
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, {args.threads} threads")
-    print(f"torch {torch.__version__}\n")
+    print(f"machine: {describe_cpu()}, {os.cpu_count()} cores, {args.threads} threads")
+    cap = os.environ.get("HOOKSCOPE_CPU_KERNELS")
+    print(f"hookscope kernels capped at {cap}" if cap else "hookscope kernels: the best this CPU has")
+    print(f"torch {torch.__version__}, CPU capability {torch.backends.cpu.get_cpu_capability()}\n")
     if args.model:
         print_gpt2_tables(args)
     for model_dir in args.precision_models:
@@ -320,6 +322,27 @@ def print_gpt2_tables(args):
     ):
         ms = decode_ms(runs[variant], n)
         print(f"| {label} | {ms:.1f} | {hf / ms:.2f}x | {100 * roofline / ms:.0f}% | {ms / plain:.3f}x |")
+
+
+VECTOR_FEATURES = ["avx2", "fma", "f16c", "avx512f", "avx512_bf16", "avx512_fp16", "amx_bf16",
+                   "asimd", "fphp", "asimdhp", "sve"]
+
+
+def describe_cpu():
+    """The CPU's model and the vector features the kernels care about, from /proc/cpuinfo."""
+    model, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            for line in cpuinfo:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name" and model in ("", platform.machine()):
+                    model = value.strip()
+                if key.strip() in ("flags", "Features") and not flags:
+                    flags = set(value.split())
+    except OSError:
+        pass
+    features = [feature for feature in VECTOR_FEATURES if feature in flags]
+    return f"{model} ({platform.machine()}; {' '.join(features) or 'no vector features read'})"
 
 
 def print_precision_table(args, model_dir):

@@ -233,6 +233,8 @@ mod tests {
     use burn::tensor::ops::AttentionModuleOptions;
     use burn::tensor::{Device, Distribution, TensorData};
 
+    use super::super::isa::levels_here;
+    use super::super::prompt_attention;
     use super::*;
 
     /// burn's attention with the key/value heads repeated for their query groups.
@@ -267,7 +269,7 @@ mod tests {
     }
 
     /// Both fused kernels (this one for decode steps, `prompt_attention` for any number of
-    /// queries) against burn: cache views, grouped heads, padding (query rows that see no key
+    /// queries, at every vector level this CPU has) against burn: cache views, grouped heads, padding (query rows that see no key
     /// included) and odd sizes.
     #[test]
     fn equals_burns_attention_on_cache_views_with_groups_masks_and_odd_sizes() {
@@ -281,6 +283,8 @@ mod tests {
             (2, 6, 3, 37, 37, 64, 64),
             (3, 4, 2, 17, 50, 50, 24),
             (1, 2, 1, 6, 6, 6, 3),
+            (2, 4, 2, 70, 75, 80, 80),
+            (1, 2, 1, 45, 45, 45, 128),
         ];
         for (batch, heads, kv_heads, tokens, positions, capacity, dim) in cases {
             let normal = Distribution::Normal(0.0, 1.0);
@@ -317,16 +321,26 @@ mod tests {
                 mask.clone(),
                 scale,
             );
-            type Kernel =
-                fn(&Tensor<4>, &Tensor<4>, &Tensor<4>, &Tensor<4, Bool>, f32) -> Option<Tensor<4>>;
-            let prompt: Kernel = super::super::prompt_attention::attend;
-            let decode: Option<Kernel> = (tokens <= MAX_TOKENS).then_some(attend);
-            for kernel in [Some(prompt), decode].into_iter().flatten() {
-                let ours = kernel(&queries, &keys, &values, &mask, scale as f32).unwrap();
-                let difference = (ours - expected.clone()).abs().max().into_scalar::<f32>();
+            // The prompt kernel at every vector level this CPU has, and the decode kernel.
+            let prompt = levels_here().into_iter().map(|level| {
+                let operands = [&queries, &keys, &values];
+                let ours = prompt_attention::attend_at(level, operands, &mask, scale as f32);
+                (format!("prompt, {level:?}"), ours)
+            });
+            let decode = (tokens <= MAX_TOKENS).then(|| {
+                (
+                    "decode".into(),
+                    attend(&queries, &keys, &values, &mask, scale as f32),
+                )
+            });
+            for (kernel, ours) in prompt.chain(decode) {
+                let difference = (ours.unwrap() - expected.clone())
+                    .abs()
+                    .max()
+                    .into_scalar::<f32>();
                 assert!(
                     difference < 1e-5,
-                    "case {:?}: {difference}",
+                    "{kernel}, case {:?}: {difference}",
                     (batch, heads, kv_heads, tokens, positions, capacity, dim)
                 );
             }

@@ -12,6 +12,7 @@
 mod decode_attention;
 mod elementwise;
 mod host;
+mod isa;
 mod packed;
 mod packed_tensors;
 mod pool;
@@ -22,8 +23,9 @@ mod tracked;
 
 pub(crate) use decode_attention::attend as decode_attention;
 pub(crate) use elementwise::{SQRT_2_OVER_PI, exp, gelu_tanh, sigmoid, silu};
+pub use isa::{KERNELS_VARIABLE, check_kernel_choice};
 pub(crate) use packed::PackedMatrix;
-pub use packed::{KERNELS_VARIABLE, check_kernel_choice, product_kernels};
+pub use packed::product_kernels;
 pub(crate) use packed_tensors::{embedding_rows, multiply, multiply_inputs, pack_view};
 pub use pool::on_worker;
 pub(crate) use prompt_attention::attend as prompt_attention;

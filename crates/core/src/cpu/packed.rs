@@ -33,6 +33,7 @@ use multiversion::multiversion;
 use multiversion::target::selected_target;
 use rayon::prelude::*;
 
+use super::isa::{Family, kernel_cap};
 use crate::precision::{MatmulPrecision, WeightDtype};
 
 #[cfg(target_arch = "aarch64")]
@@ -570,50 +571,9 @@ enum Kernel {
     Portable,
 }
 
-/// The environment variable that caps the product kernels' instruction-set family: `portable`,
-/// `neon`, `avx2` or `avx512` (unset: the best this CPU has). A family the CPU lacks falls back
-/// to the best it has below it, so that `HOOKSCOPE_CPU_KERNELS=avx2` on an AVX-512 machine runs,
-/// and tests, the AVX2 kernels (and `portable` on aarch64 the portable ones).
-pub const KERNELS_VARIABLE: &str = "HOOKSCOPE_CPU_KERNELS";
-
-/// The instruction-set families of the product kernels, in order of capability.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-enum Family {
-    Portable,
-    Neon,
-    Avx2,
-    Avx512,
-}
-
-/// The family a value of [`KERNELS_VARIABLE`] caps the kernels at (`None`: unset); an unknown
-/// value is an error naming the variable and the choices.
-fn parse_family(value: Option<&str>) -> Result<Family, String> {
-    match value.map(str::trim) {
-        None | Some("") | Some("avx512") => Ok(Family::Avx512),
-        Some("avx2") => Ok(Family::Avx2),
-        Some("neon") => Ok(Family::Neon),
-        Some("portable") => Ok(Family::Portable),
-        Some(other) => Err(format!(
-            "{KERNELS_VARIABLE}={other}: expected portable, neon, avx2 or avx512"
-        )),
-    }
-}
-
-/// The cap [`KERNELS_VARIABLE`] sets for this process, read once.
-fn kernel_cap() -> &'static Result<Family, String> {
-    static CAP: std::sync::OnceLock<Result<Family, String>> = std::sync::OnceLock::new();
-    CAP.get_or_init(|| parse_family(std::env::var(KERNELS_VARIABLE).ok().as_deref()))
-}
-
-/// Refuses an unknown [`KERNELS_VARIABLE`] value, with the message to show (models check it as
-/// they load, so that a typo is never silently the default).
-pub fn check_kernel_choice() -> Result<(), String> {
-    kernel_cap().clone().map(|_| ())
-}
-
 impl Kernel {
     /// The fastest kernel for activations in `precision` and weights stored in `dtype`, within
-    /// the family [`KERNELS_VARIABLE`] allows.
+    /// the family [`KERNELS_VARIABLE`](super::isa::KERNELS_VARIABLE) allows.
     fn detect(precision: MatmulPrecision, dtype: WeightDtype) -> Self {
         #[cfg(target_arch = "x86_64")]
         {
@@ -1322,18 +1282,6 @@ mod tests {
                 assert_close(&packed.multiply_inputs(&x, rows, inputs), &exact, &what);
             }
         }
-    }
-
-    #[test]
-    fn the_kernel_variable_caps_the_family_and_refuses_typos() {
-        assert_eq!(parse_family(None), Ok(Family::Avx512));
-        assert_eq!(parse_family(Some("avx2")), Ok(Family::Avx2));
-        assert_eq!(parse_family(Some(" portable ")), Ok(Family::Portable));
-        assert_eq!(parse_family(Some("neon")), Ok(Family::Neon));
-        let error = parse_family(Some("avx-2")).unwrap_err();
-        assert!(error.contains("HOOKSCOPE_CPU_KERNELS=avx-2"), "{error}");
-        assert!(Family::Portable < Family::Neon && Family::Neon < Family::Avx2);
-        assert!(Family::Avx2 < Family::Avx512);
     }
 
     /// Every kernel of f32 strips this CPU can run, the portable one included.

@@ -1,0 +1,109 @@
+//! Which instruction-set family the CPU kernels run: the best this CPU has, capped by
+//! [`KERNELS_VARIABLE`] so that every family a machine supports can be run and tested on it.
+//! The packed products pick their kernel from the cap (`packed::Kernel::detect`); kernels
+//! compiled once per vector level (the prompt attention) ask [`vector_level`].
+
+/// The environment variable that caps the CPU kernels' instruction-set family (the packed products and the
+/// attention kernels): `portable`,
+/// `neon`, `avx2` or `avx512` (unset: the best this CPU has). A family the CPU lacks falls back
+/// to the best it has below it, so that `HOOKSCOPE_CPU_KERNELS=avx2` on an AVX-512 machine runs,
+/// and tests, the AVX2 kernels (and `portable` on aarch64 the portable ones).
+pub const KERNELS_VARIABLE: &str = "HOOKSCOPE_CPU_KERNELS";
+
+/// The instruction-set families of the CPU kernels, in order of capability.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) enum Family {
+    Portable,
+    Neon,
+    Avx2,
+    Avx512,
+}
+
+/// The family a value of [`KERNELS_VARIABLE`] caps the kernels at (`None`: unset); an unknown
+/// value is an error naming the variable and the choices.
+fn parse_family(value: Option<&str>) -> Result<Family, String> {
+    match value.map(str::trim) {
+        None | Some("") | Some("avx512") => Ok(Family::Avx512),
+        Some("avx2") => Ok(Family::Avx2),
+        Some("neon") => Ok(Family::Neon),
+        Some("portable") => Ok(Family::Portable),
+        Some(other) => Err(format!(
+            "{KERNELS_VARIABLE}={other}: expected portable, neon, avx2 or avx512"
+        )),
+    }
+}
+
+/// The cap [`KERNELS_VARIABLE`] sets for this process, read once.
+pub(crate) fn kernel_cap() -> &'static Result<Family, String> {
+    static CAP: std::sync::OnceLock<Result<Family, String>> = std::sync::OnceLock::new();
+    CAP.get_or_init(|| parse_family(std::env::var(KERNELS_VARIABLE).ok().as_deref()))
+}
+
+/// Refuses an unknown [`KERNELS_VARIABLE`] value, with the message to show (models check it as
+/// they load, so that a typo is never silently the default).
+pub fn check_kernel_choice() -> Result<(), String> {
+    kernel_cap().clone().map(|_| ())
+}
+
+/// The vector level a kernel compiled once per level runs at.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum VectorLevel {
+    /// AVX-512F with FMA: 32 registers of 16 lanes.
+    #[cfg(target_arch = "x86_64")]
+    Avx512,
+    /// AVX2 with FMA: 16 registers of 8 lanes.
+    #[cfg(target_arch = "x86_64")]
+    Avx2,
+    /// What every CPU of the target has (SSE2 on x86-64, NEON on aarch64).
+    Baseline,
+}
+
+/// The best vector level this CPU has within the family [`KERNELS_VARIABLE`] allows.
+pub(crate) fn vector_level() -> VectorLevel {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        let cap = kernel_cap().clone().unwrap_or(Family::Avx512);
+        if cap >= Family::Avx512 && has!("avx512f") && has!("avx512vl") && has!("fma") {
+            return VectorLevel::Avx512;
+        }
+        if cap >= Family::Avx2 && has!("avx2") && has!("fma") {
+            return VectorLevel::Avx2;
+        }
+    }
+    VectorLevel::Baseline
+}
+
+/// Every vector level this CPU can run, the baseline included (for tests of each).
+#[cfg(test)]
+pub(crate) fn levels_here() -> Vec<VectorLevel> {
+    let mut levels = vec![VectorLevel::Baseline];
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::is_x86_feature_detected as has;
+        if has!("avx2") && has!("fma") {
+            levels.push(VectorLevel::Avx2);
+        }
+        if has!("avx512f") && has!("avx512vl") && has!("fma") {
+            levels.push(VectorLevel::Avx512);
+        }
+    }
+    levels
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_kernel_variable_caps_the_family_and_refuses_typos() {
+        assert_eq!(parse_family(None), Ok(Family::Avx512));
+        assert_eq!(parse_family(Some("avx2")), Ok(Family::Avx2));
+        assert_eq!(parse_family(Some(" portable ")), Ok(Family::Portable));
+        assert_eq!(parse_family(Some("neon")), Ok(Family::Neon));
+        let error = parse_family(Some("avx-2")).unwrap_err();
+        assert!(error.contains("HOOKSCOPE_CPU_KERNELS=avx-2"), "{error}");
+        assert!(Family::Portable < Family::Neon && Family::Neon < Family::Avx2);
+        assert!(Family::Avx2 < Family::Avx512);
+    }
+}
