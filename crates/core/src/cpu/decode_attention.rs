@@ -9,11 +9,11 @@
 
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{Bool, Tensor};
-use multiversion::multiversion;
 use rayon::prelude::*;
 
 use super::elementwise::exp_f32;
 use super::host::{f32_primitive, from_host};
+use super::isa::per_vector_level;
 
 /// Calls of at most this many new tokens take this path (decode steps, short continuations);
 /// longer ones (prompt calls) are matrix products, where burn's tiled attention is the faster.
@@ -151,55 +151,56 @@ pub(super) fn on_host(
     Some(from_host(kernel(&host), [batch, heads, tokens, dim]))
 }
 
-/// One key/value head of one batch row: the `group · T` query rows it serves (`queries`, in
-/// `[group, T, D]` order) into `out` (same order).
-#[allow(clippy::too_many_arguments)]
-#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma"))]
-fn attend_group<'a>(
-    sizes: &Sizes,
-    queries: &[f32],
-    keys: &Strided<'a>,
-    values: &Strided<'a>,
-    b: usize,
-    kv_head: usize,
-    mask: &[bool],
-    scale: f32,
-    out: &mut [f32],
-) {
-    let (positions, dim) = (sizes.positions, sizes.dim);
-    let mut scores = vec![0.0f32; positions];
-    for ((query, out), row) in queries
-        .chunks_exact(dim)
-        .zip(out.chunks_exact_mut(dim))
-        .zip((0..sizes.tokens).cycle())
-    {
-        let visible = &mask[row * positions..][..positions];
-        let mut max = f32::NEG_INFINITY;
-        for (position, score) in scores.iter_mut().enumerate() {
-            *score = if visible[position] {
-                f32::NEG_INFINITY
-            } else {
-                scale * dot(query, keys.row(b, kv_head, position, dim))
-            };
-            max = max.max(*score);
-        }
-        out.fill(0.0);
-        if max == f32::NEG_INFINITY {
-            continue;
-        }
-        let mut total = 0.0f32;
-        for (position, &score) in scores.iter().enumerate() {
-            if score == f32::NEG_INFINITY {
+per_vector_level! {
+    /// One key/value head of one batch row: the `group · T` query rows it serves (`queries`, in
+    /// `[group, T, D]` order) into `out` (same order).
+    #[allow(clippy::too_many_arguments)]
+    fn attend_group<'a>(
+        sizes: &Sizes,
+        queries: &[f32],
+        keys: &Strided<'a>,
+        values: &Strided<'a>,
+        b: usize,
+        kv_head: usize,
+        mask: &[bool],
+        scale: f32,
+        out: &mut [f32],
+    ) {
+        let (positions, dim) = (sizes.positions, sizes.dim);
+        let mut scores = vec![0.0f32; positions];
+        for ((query, out), row) in queries
+            .chunks_exact(dim)
+            .zip(out.chunks_exact_mut(dim))
+            .zip((0..sizes.tokens).cycle())
+        {
+            let visible = &mask[row * positions..][..positions];
+            let mut max = f32::NEG_INFINITY;
+            for (position, score) in scores.iter_mut().enumerate() {
+                *score = if visible[position] {
+                    f32::NEG_INFINITY
+                } else {
+                    scale * dot(query, keys.row(b, kv_head, position, dim))
+                };
+                max = max.max(*score);
+            }
+            out.fill(0.0);
+            if max == f32::NEG_INFINITY {
                 continue;
             }
-            let weight = exp_f32(score - max);
-            total += weight;
-            for (o, &v) in out.iter_mut().zip(values.row(b, kv_head, position, dim)) {
-                *o += weight * v;
+            let mut total = 0.0f32;
+            for (position, &score) in scores.iter().enumerate() {
+                if score == f32::NEG_INFINITY {
+                    continue;
+                }
+                let weight = exp_f32(score - max);
+                total += weight;
+                for (o, &v) in out.iter_mut().zip(values.row(b, kv_head, position, dim)) {
+                    *o += weight * v;
+                }
             }
+            let inverse = 1.0 / total;
+            out.iter_mut().for_each(|o| *o *= inverse);
         }
-        let inverse = 1.0 / total;
-        out.iter_mut().for_each(|o| *o *= inverse);
     }
 }
 

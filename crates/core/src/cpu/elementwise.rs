@@ -8,10 +8,10 @@
 //! `nn` hand to burn unchanged.
 
 use burn::tensor::Tensor;
-use multiversion::multiversion;
 use rayon::prelude::*;
 
 use super::host::{f32_primitive, from_host};
+use super::isa::per_vector_level;
 
 /// Values per parallel task.
 pub(super) const CHUNK: usize = 16 * 1024;
@@ -31,10 +31,11 @@ pub(crate) fn sigmoid<const D: usize>(x: &Tensor<D>) -> Option<Tensor<D>> {
     map_f32(x, sigmoid_slice)
 }
 
-#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma"))]
-fn exp_slice(input: &[f32], output: &mut [f32]) {
-    for (y, &x) in output.iter_mut().zip(input) {
-        *y = exp_full_range(x);
+per_vector_level! {
+    fn exp_slice(input: &[f32], output: &mut [f32]) {
+        for (y, &x) in output.iter_mut().zip(input) {
+            *y = exp_full_range(x);
+        }
     }
 }
 
@@ -53,10 +54,11 @@ pub(crate) fn exp_full_range(x: f32) -> f32 {
     }
 }
 
-#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma"))]
-fn sigmoid_slice(input: &[f32], output: &mut [f32]) {
-    for (y, &x) in output.iter_mut().zip(input) {
-        *y = 1.0 / (1.0 + exp_f32(-x));
+per_vector_level! {
+    fn sigmoid_slice(input: &[f32], output: &mut [f32]) {
+        for (y, &x) in output.iter_mut().zip(input) {
+            *y = 1.0 / (1.0 + exp_f32(-x));
+        }
     }
 }
 
@@ -70,12 +72,13 @@ pub(crate) fn gelu_tanh<const D: usize>(x: &Tensor<D>) -> Option<Tensor<D>> {
     map_f32(x, gelu_tanh_slice)
 }
 
-#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma"))]
-pub(super) fn gelu_tanh_slice(input: &[f32], output: &mut [f32]) {
-    const TWO_SQRT_2_OVER_PI: f32 = (2.0 * SQRT_2_OVER_PI) as f32;
-    for (y, &x) in output.iter_mut().zip(input) {
-        let u2 = TWO_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x);
-        *y = x / (1.0 + exp_f32(-u2));
+per_vector_level! {
+    pub(super) fn gelu_tanh_slice(input: &[f32], output: &mut [f32]) {
+        const TWO_SQRT_2_OVER_PI: f32 = (2.0 * SQRT_2_OVER_PI) as f32;
+        for (y, &x) in output.iter_mut().zip(input) {
+            let u2 = TWO_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x);
+            *y = x / (1.0 + exp_f32(-u2));
+        }
     }
 }
 
@@ -110,10 +113,11 @@ pub(super) fn map_slice(input: &[f32], chunk: usize, kernel: fn(&[f32], &mut [f3
     output
 }
 
-#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma"))]
-fn silu_slice(input: &[f32], output: &mut [f32]) {
-    for (y, &x) in output.iter_mut().zip(input) {
-        *y = x / (1.0 + exp_f32(-x));
+per_vector_level! {
+    fn silu_slice(input: &[f32], output: &mut [f32]) {
+        for (y, &x) in output.iter_mut().zip(input) {
+            *y = x / (1.0 + exp_f32(-x));
+        }
     }
 }
 

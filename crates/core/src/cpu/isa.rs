@@ -1,7 +1,8 @@
 //! Which instruction-set family the CPU kernels run: the best this CPU has, capped by
 //! [`KERNELS_VARIABLE`] so that every family a machine supports can be run and tested on it.
 //! The packed products pick their kernel from the cap (`packed::Kernel::detect`); kernels
-//! compiled once per vector level (the prompt attention) ask [`vector_level`].
+//! compiled once per vector level (attention, the selective scan, element-wise functions, the
+//! softmax) ask [`vector_level`], most through [`per_vector_level`].
 
 /// The environment variable that caps the CPU kernels' instruction-set family (the packed products and the
 /// attention kernels): `portable`,
@@ -58,21 +59,65 @@ pub(crate) enum VectorLevel {
     Baseline,
 }
 
-/// The best vector level this CPU has within the family [`KERNELS_VARIABLE`] allows.
+/// The best vector level this CPU has within the family [`KERNELS_VARIABLE`] allows (read once).
 pub(crate) fn vector_level() -> VectorLevel {
-    #[cfg(target_arch = "x86_64")]
-    {
-        use std::arch::is_x86_feature_detected as has;
-        let cap = kernel_cap().clone().unwrap_or(Family::Avx512);
-        if cap >= Family::Avx512 && has!("avx512f") && has!("avx512vl") && has!("fma") {
-            return VectorLevel::Avx512;
+    static LEVEL: std::sync::OnceLock<VectorLevel> = std::sync::OnceLock::new();
+    *LEVEL.get_or_init(|| {
+        #[cfg(target_arch = "x86_64")]
+        {
+            use std::arch::is_x86_feature_detected as has;
+            let cap = kernel_cap().clone().unwrap_or(Family::Avx512);
+            if cap >= Family::Avx512 && has!("avx512f") && has!("avx512vl") && has!("fma") {
+                return VectorLevel::Avx512;
+            }
+            if cap >= Family::Avx2 && has!("avx2") && has!("fma") {
+                return VectorLevel::Avx2;
+            }
         }
-        if cap >= Family::Avx2 && has!("avx2") && has!("fma") {
-            return VectorLevel::Avx2;
-        }
-    }
-    VectorLevel::Baseline
+        VectorLevel::Baseline
+    })
 }
+
+/// Defines a function compiled once per vector level (AVX-512, AVX2 and the target's baseline),
+/// each copy run where [`vector_level`] allows it: what `multiversion` does, but capped by
+/// [`KERNELS_VARIABLE`], so that every level this CPU has can be forced and tested. The body is
+/// written once, for the compiler to vectorise at each level.
+macro_rules! per_vector_level {
+    (
+        $(#[$attribute:meta])*
+        $visibility:vis fn $name:ident $(<$($lifetime:lifetime),*>)? ($($argument:ident: $type:ty),* $(,)?)
+        $body:block
+    ) => {
+        $(#[$attribute])*
+        $visibility fn $name $(<$($lifetime),*>)? ($($argument: $type),*) {
+            #[inline(always)]
+            fn body $(<$($lifetime),*>)? ($($argument: $type),*) $body
+
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+            unsafe fn avx512 $(<$($lifetime),*>)? ($($argument: $type),*) {
+                body($($argument),*)
+            }
+
+            #[cfg(target_arch = "x86_64")]
+            #[target_feature(enable = "avx2,fma")]
+            unsafe fn avx2 $(<$($lifetime),*>)? ($($argument: $type),*) {
+                body($($argument),*)
+            }
+
+            match $crate::cpu::isa::vector_level() {
+                // SAFETY: `vector_level` found AVX-512F, AVX-512VL and FMA on this CPU.
+                #[cfg(target_arch = "x86_64")]
+                $crate::cpu::isa::VectorLevel::Avx512 => unsafe { avx512($($argument),*) },
+                // SAFETY: `vector_level` found AVX2 and FMA on this CPU.
+                #[cfg(target_arch = "x86_64")]
+                $crate::cpu::isa::VectorLevel::Avx2 => unsafe { avx2($($argument),*) },
+                $crate::cpu::isa::VectorLevel::Baseline => body($($argument),*),
+            }
+        }
+    };
+}
+pub(crate) use per_vector_level;
 
 /// Every vector level this CPU can run, the baseline included (for tests of each).
 #[cfg(test)]

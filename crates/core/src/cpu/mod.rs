@@ -7,7 +7,8 @@
 //! the kernel reads, `None` otherwise, and the layer then runs burn's own operations. Nothing
 //! outside this module touches the backend's storage (`host` converts between burn tensors and
 //! it), so kernels for another instruction set land here without touching a layer. Each kernel
-//! picks its instruction set at run time (`multiversion`).
+//! picks its instruction set at run time, within the family `HOOKSCOPE_CPU_KERNELS` allows
+//! (`isa`).
 
 mod decode_attention;
 mod elementwise;

@@ -7,11 +7,11 @@
 //! `elementwise`.
 
 use burn::tensor::Tensor;
-use multiversion::multiversion;
 use rayon::prelude::*;
 
 use super::elementwise::exp_full_range;
 use super::host::{dense_f32, from_host};
+use super::isa::per_vector_level;
 
 /// Channels one task scans together, one per vector lane.
 const LANES: usize = 16;
@@ -101,46 +101,47 @@ struct Block {
     first: usize,
 }
 
-/// Scans one block of channels, a channel per lane, so that every operation is one vector
-/// operation over the block: `states` holds the block's `[width, N]` states (updated in place),
-/// `output` receives `[T, LANES]` outputs (lanes past the block's width are left unspecified).
-#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma"))]
-fn scan_block<'a>(operands: &Dense<'a>, block: &Block, states: &mut [f32], output: &mut [f32]) {
-    let (tokens, e, n) = (operands.tokens, operands.channels, operands.states);
-    let width = states.len() / n.max(1);
-    // The block's states and state matrix, transposed to `[N, LANES]`; lanes past the width
-    // stay zero.
-    let mut h = vec![[0.0f32; LANES]; n];
-    let mut a = vec![[0.0f32; LANES]; n];
-    for lane in 0..width {
-        for k in 0..n {
-            h[k][lane] = states[lane * n + k];
-            a[k][lane] = operands.a[(block.first + lane) * n + k];
-        }
-    }
-    for (t, y) in output.chunks_exact_mut(LANES).enumerate() {
-        let row = block.sequence * tokens + t;
-        let mut dt = [0.0f32; LANES];
-        let mut dt_x = [0.0f32; LANES];
-        let channels = row * e + block.first..row * e + block.first + width;
-        dt[..width].copy_from_slice(&operands.dt[channels.clone()]);
-        dt_x[..width].copy_from_slice(&operands.x[channels]);
-        for (dt_x, dt) in dt_x.iter_mut().zip(&dt) {
-            *dt_x *= dt;
-        }
-        let mut sums = [0.0f32; LANES];
-        let (b, c) = (&operands.b[row * n..][..n], &operands.c[row * n..][..n]);
-        for (((h, a), &b), &c) in h.iter_mut().zip(&a).zip(b).zip(c) {
-            for lane in 0..LANES {
-                h[lane] = exp_full_range(dt[lane] * a[lane]) * h[lane] + dt_x[lane] * b;
-                sums[lane] += h[lane] * c;
+per_vector_level! {
+    /// Scans one block of channels, a channel per lane, so that every operation is one vector
+    /// operation over the block: `states` holds the block's `[width, N]` states (updated in place),
+    /// `output` receives `[T, LANES]` outputs (lanes past the block's width are left unspecified).
+    fn scan_block<'a>(operands: &Dense<'a>, block: &Block, states: &mut [f32], output: &mut [f32]) {
+        let (tokens, e, n) = (operands.tokens, operands.channels, operands.states);
+        let width = states.len() / n.max(1);
+        // The block's states and state matrix, transposed to `[N, LANES]`; lanes past the width
+        // stay zero.
+        let mut h = vec![[0.0f32; LANES]; n];
+        let mut a = vec![[0.0f32; LANES]; n];
+        for lane in 0..width {
+            for k in 0..n {
+                h[k][lane] = states[lane * n + k];
+                a[k][lane] = operands.a[(block.first + lane) * n + k];
             }
         }
-        y.copy_from_slice(&sums);
-    }
-    for lane in 0..width {
-        for k in 0..n {
-            states[lane * n + k] = h[k][lane];
+        for (t, y) in output.chunks_exact_mut(LANES).enumerate() {
+            let row = block.sequence * tokens + t;
+            let mut dt = [0.0f32; LANES];
+            let mut dt_x = [0.0f32; LANES];
+            let channels = row * e + block.first..row * e + block.first + width;
+            dt[..width].copy_from_slice(&operands.dt[channels.clone()]);
+            dt_x[..width].copy_from_slice(&operands.x[channels]);
+            for (dt_x, dt) in dt_x.iter_mut().zip(&dt) {
+                *dt_x *= dt;
+            }
+            let mut sums = [0.0f32; LANES];
+            let (b, c) = (&operands.b[row * n..][..n], &operands.c[row * n..][..n]);
+            for (((h, a), &b), &c) in h.iter_mut().zip(&a).zip(b).zip(c) {
+                for lane in 0..LANES {
+                    h[lane] = exp_full_range(dt[lane] * a[lane]) * h[lane] + dt_x[lane] * b;
+                    sums[lane] += h[lane] * c;
+                }
+            }
+            y.copy_from_slice(&sums);
+        }
+        for lane in 0..width {
+            for k in 0..n {
+                states[lane * n + k] = h[k][lane];
+            }
         }
     }
 }

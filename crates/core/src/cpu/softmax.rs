@@ -9,9 +9,9 @@
 //! `None`, left to burn by `nn::softmax_last`.
 
 use burn::tensor::Tensor;
-use multiversion::multiversion;
 
 use super::elementwise::{exp_f32, map_f32_chunks};
+use super::isa::per_vector_level;
 
 /// Exponentials per block: each of the block's `LANES` running `f32` sums adds 64 values
 /// before the block's sum joins the row's `f64` total.
@@ -25,33 +25,34 @@ pub(crate) fn softmax_last<const D: usize>(x: &Tensor<D>) -> Option<Tensor<D>> {
     map_f32_chunks(x, *x.dims().last()?, softmax_row)
 }
 
-#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma"))]
-fn softmax_row(input: &[f32], output: &mut [f32]) {
-    let max = input.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
-    for (y, &v) in output.iter_mut().zip(input) {
-        let shifted = v - max;
-        // Below e^-87.5 the value is 0 (and -inf - max is -inf); NaN stays NaN.
-        *y = if shifted < -87.5 {
-            0.0
-        } else {
-            exp_f32(shifted)
-        };
-    }
-    let mut total = 0.0f64;
-    for block in output.chunks(BLOCK) {
-        let mut lanes = [0.0f32; LANES];
-        let mut groups = block.chunks_exact(LANES);
-        for group in &mut groups {
-            for (lane, &y) in lanes.iter_mut().zip(group) {
-                *lane += y;
-            }
+per_vector_level! {
+    fn softmax_row(input: &[f32], output: &mut [f32]) {
+        let max = input.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        for (y, &v) in output.iter_mut().zip(input) {
+            let shifted = v - max;
+            // Below e^-87.5 the value is 0 (and -inf - max is -inf); NaN stays NaN.
+            *y = if shifted < -87.5 {
+                0.0
+            } else {
+                exp_f32(shifted)
+            };
         }
-        let rest = groups.remainder().iter().map(|&y| f64::from(y));
-        total += lanes.iter().map(|&l| f64::from(l)).chain(rest).sum::<f64>();
-    }
-    let scale = (1.0 / total) as f32;
-    for y in output.iter_mut() {
-        *y *= scale;
+        let mut total = 0.0f64;
+        for block in output.chunks(BLOCK) {
+            let mut lanes = [0.0f32; LANES];
+            let mut groups = block.chunks_exact(LANES);
+            for group in &mut groups {
+                for (lane, &y) in lanes.iter_mut().zip(group) {
+                    *lane += y;
+                }
+            }
+            let rest = groups.remainder().iter().map(|&y| f64::from(y));
+            total += lanes.iter().map(|&l| f64::from(l)).chain(rest).sum::<f64>();
+        }
+        let scale = (1.0 / total) as f32;
+        for y in output.iter_mut() {
+            *y *= scale;
+        }
     }
 }
 

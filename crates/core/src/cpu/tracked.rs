@@ -21,11 +21,11 @@ use burn::backend::autodiff::ops::{Backward, NodeGuard, Ops, OpsKind, unary};
 use burn::backend::flex::FlexTensor;
 use burn::backend::{Autodiff, Flex};
 use burn::tensor::{DType, Tensor};
-use multiversion::multiversion;
 use rayon::prelude::*;
 
 use super::elementwise::{CHUNK, SQRT_2_OVER_PI, exp_f32, gelu_tanh_slice, map_slice};
 use super::host::{contiguous_f32, contiguous_values, host_storage};
+use super::isa::per_vector_level;
 use super::packed::PackedMatrix;
 use crate::precision::WeightDtype;
 
@@ -210,16 +210,17 @@ fn finish<const D: usize>(
     Tensor::from_primitive::<Tracked>(output)
 }
 
-/// `g * d/dx [x sigmoid(2u)]` with `u = sqrt(2/pi) (x + 0.044715 x^3)`:
-/// `s + x s (1 - s) 2 u'` where `s = sigmoid(2u)`.
-#[multiversion(targets("x86_64+avx512f+avx512vl+fma", "x86_64+avx2+fma"))]
-fn gelu_tanh_gradient(x: &[f32], g: &[f32], out: &mut [f32]) {
-    const TWO_C: f32 = (2.0 * SQRT_2_OVER_PI) as f32;
-    for ((y, &x), &g) in out.iter_mut().zip(x).zip(g) {
-        let x2 = x * x;
-        let s = 1.0 / (1.0 + exp_f32(-TWO_C * (x + 0.044715 * x2 * x)));
-        let du2 = TWO_C * (1.0 + 3.0 * 0.044715 * x2);
-        *y = g * (s + x * s * (1.0 - s) * du2);
+per_vector_level! {
+    /// `g * d/dx [x sigmoid(2u)]` with `u = sqrt(2/pi) (x + 0.044715 x^3)`:
+    /// `s + x s (1 - s) 2 u'` where `s = sigmoid(2u)`.
+    fn gelu_tanh_gradient(x: &[f32], g: &[f32], out: &mut [f32]) {
+        const TWO_C: f32 = (2.0 * SQRT_2_OVER_PI) as f32;
+        for ((y, &x), &g) in out.iter_mut().zip(x).zip(g) {
+            let x2 = x * x;
+            let s = 1.0 / (1.0 + exp_f32(-TWO_C * (x + 0.044715 * x2 * x)));
+            let du2 = TWO_C * (1.0 + 3.0 * 0.044715 * x2);
+            *y = g * (s + x * s * (1.0 - s) * du2);
+        }
     }
 }
 
