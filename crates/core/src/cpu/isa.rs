@@ -122,18 +122,20 @@ pub(crate) use per_vector_level;
 /// Every vector level this CPU can run, the baseline included (for tests of each).
 #[cfg(test)]
 pub(crate) fn levels_here() -> Vec<VectorLevel> {
-    let mut levels = vec![VectorLevel::Baseline];
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::is_x86_feature_detected as has;
+        let mut levels = vec![VectorLevel::Baseline];
         if has!("avx2") && has!("fma") {
             levels.push(VectorLevel::Avx2);
         }
         if has!("avx512f") && has!("avx512vl") && has!("fma") {
             levels.push(VectorLevel::Avx512);
         }
+        levels
     }
-    levels
+    #[cfg(not(target_arch = "x86_64"))]
+    vec![VectorLevel::Baseline]
 }
 
 #[cfg(test)]
