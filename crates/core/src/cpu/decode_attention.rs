@@ -67,7 +67,8 @@ pub(crate) fn attend(
     if queries.dims()[2] > MAX_TOKENS {
         return None;
     }
-    on_host(queries, keys, values, mask, |host| {
+    let [batch, heads, tokens, dim] = queries.dims();
+    let output = on_host(queries, keys, values, mask, |host| {
         let sizes = host.sizes;
         let (tokens, positions) = (sizes.tokens, sizes.positions);
         let per_task = sizes.heads / sizes.kv_heads * tokens * sizes.dim;
@@ -92,7 +93,8 @@ pub(crate) fn attend(
                 );
             });
         output
-    })
+    })?;
+    Some(from_host(output, [batch, heads, tokens, dim]))
 }
 
 /// The sizes of one attention call.
@@ -116,16 +118,16 @@ pub(super) struct HostOperands<'a> {
     pub(super) sizes: Sizes,
 }
 
-/// Runs `kernel` (returning the `[B, NH, T, D]` outputs) on the call's operands in host memory;
+/// Runs `kernel` on the call's operands in host memory and returns what it returns;
 /// `None` where they are not there (another backend or dtype, a non-contiguous head dim) or the
 /// heads do not group.
-pub(super) fn on_host(
+pub(super) fn on_host<R>(
     queries: &Tensor<4>,
     keys: &Tensor<4>,
     values: &Tensor<4>,
     mask: &Tensor<4, Bool>,
-    kernel: impl FnOnce(&HostOperands<'_>) -> Vec<f32>,
-) -> Option<Tensor<4>> {
+    kernel: impl FnOnce(&HostOperands<'_>) -> R,
+) -> Option<R> {
     let [batch, heads, tokens, dim] = queries.dims();
     let [_, kv_heads, positions, _] = keys.dims();
     if kv_heads == 0 || heads % kv_heads != 0 {
@@ -148,7 +150,7 @@ pub(super) fn on_host(
             dim,
         },
     };
-    Some(from_host(kernel(&host), [batch, heads, tokens, dim]))
+    Some(kernel(&host))
 }
 
 per_vector_level! {
@@ -322,6 +324,43 @@ mod tests {
                 mask.clone(),
                 scale,
             );
+            // The explicit path's halves at every vector level: the scores (`-inf` where
+            // hidden) and the probabilities times the values.
+            let group = heads / kv_heads;
+            let repeat = |x: Tensor<4>| {
+                x.unsqueeze_dim::<5>(2)
+                    .expand([batch, kv_heads, group, positions, dim])
+                    .reshape([batch, heads, positions, dim])
+            };
+            let expected_scores =
+                (queries.clone().matmul(repeat(keys.clone()).swap_dims(2, 3)) * scale).mask_fill(
+                    mask.clone().expand([batch, heads, tokens, positions]),
+                    f32::NEG_INFINITY,
+                );
+            let probabilities = burn::tensor::activation::softmax(expected_scores.clone(), 3);
+            let expected_weighted = probabilities.clone().matmul(repeat(values.clone()));
+            let read = |t: Tensor<4>| t.into_data().try_to_vec::<f32>().unwrap();
+            for level in levels_here() {
+                let case = (level, batch, heads, kv_heads, tokens, positions, dim);
+                let scores =
+                    prompt_attention::scores_at(level, [&queries, &keys], &mask, scale as f32);
+                for (a, b) in read(scores.unwrap())
+                    .iter()
+                    .zip(read(expected_scores.clone()))
+                {
+                    let close = a == &b || (a - b).abs() < 1e-5;
+                    assert!(close, "scores, {case:?}: {a} vs {b}");
+                }
+                let weighted = prompt_attention::weighted_values_at(level, &probabilities, &values);
+                // Rows that see no key are NaN in both (a softmax of `-inf` only).
+                for (a, b) in read(weighted.unwrap())
+                    .iter()
+                    .zip(read(expected_weighted.clone()))
+                {
+                    let close = (a.is_nan() && b.is_nan()) || (a - b).abs() < 1e-5;
+                    assert!(close, "weighted values, {case:?}: {a} vs {b}");
+                }
+            }
             // The prompt kernel at every vector level this CPU has, and the decode kernel.
             let prompt = levels_here().into_iter().map(|level| {
                 let operands = [&queries, &keys, &values];

@@ -10,6 +10,7 @@
 //! picks its instruction set at run time, within the family `HOOKSCOPE_CPU_KERNELS` allows
 //! (`isa`).
 
+mod attention_tiles;
 mod decode_attention;
 mod elementwise;
 mod host;
@@ -29,7 +30,9 @@ pub(crate) use packed::PackedMatrix;
 pub use packed::product_kernels;
 pub(crate) use packed_tensors::{embedding_rows, multiply, multiply_inputs, pack_view};
 pub use pool::on_worker;
-pub(crate) use prompt_attention::attend as prompt_attention;
+pub(crate) use prompt_attention::{
+    attend as prompt_attention, scores as attention_scores, weighted_values,
+};
 pub(crate) use selective_scan::{ScanOperands, selective_scan};
 pub(crate) use softmax::softmax_last;
 pub(crate) use tracked::{

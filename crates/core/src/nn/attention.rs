@@ -4,11 +4,13 @@
 //! probabilities (they are then not served at all: interior sites nobody observes may be computed
 //! by a fused kernel), on the CPU a decode step reads the cache in place (`cpu::decode_attention`)
 //! and a prompt call runs `cpu::prompt_attention`; on other backends calls use burn's fused
-//! `attention`; otherwise an explicit one (scores, mask, softmax, weighted values).
+//! `attention`; otherwise an explicit one (scores, mask, softmax, weighted values), whose
+//! scores and weighted values have CPU kernels too (`cpu::attention_scores`,
+//! `cpu::weighted_values`; uncapped scores only) and whose softmax is [`super::softmax_last`].
 
+use burn::tensor::Tensor;
 use burn::tensor::module::attention;
 use burn::tensor::ops::AttentionModuleOptions;
-use burn::tensor::{Tensor, activation};
 
 use super::{FusedLayout, Linear, RmsNorm, Rotary};
 use crate::cache::KvCache;
@@ -129,29 +131,39 @@ impl SoftmaxAttention {
         };
         let head_outputs = match fused {
             Some(head_outputs) => head_outputs,
-            None => {
-                let (keys, values) = (self.repeat_kv(keys), self.repeat_kv(values));
-                let mask = mask.expand([batch, heads, tokens, positions]);
-                if explicit {
+            None if explicit => {
+                // On the CPU the scores and the weighted values have kernels of their own
+                // (uncapped scores only); the softmax between them is `softmax_last`'s.
+                let scores = match self.softcap {
+                    None => cpu::attention_scores(&queries, &keys, &mask, scale),
+                    Some(_) => None,
+                };
+                let scores = scores.unwrap_or_else(|| {
+                    let keys = self.repeat_kv(keys.clone());
                     let scores = queries.matmul(keys.swap_dims(2, 3)) * self.scale;
                     let scores = match self.softcap {
                         Some(cap) => super::soft_cap(scores, cap),
                         None => scores,
                     };
-                    let scores = scores.mask_fill(mask, f32::NEG_INFINITY);
-                    let scores = call.visit(site(MixerSite::AttentionScores), scores)?;
-                    let probabilities = activation::softmax(scores, 3);
-                    let probabilities =
-                        call.visit(site(MixerSite::AttentionProbabilities), probabilities)?;
-                    probabilities.matmul(values)
-                } else {
-                    let options = AttentionModuleOptions {
-                        scale: Some(self.scale),
-                        softcap: self.softcap,
-                        ..Default::default()
-                    };
-                    attention(queries, keys, values, Some(mask), None, options)
-                }
+                    let mask = mask.expand([batch, heads, tokens, positions]);
+                    scores.mask_fill(mask, f32::NEG_INFINITY)
+                });
+                let scores = call.visit(site(MixerSite::AttentionScores), scores)?;
+                let probabilities = super::softmax_last(scores);
+                let probabilities =
+                    call.visit(site(MixerSite::AttentionProbabilities), probabilities)?;
+                cpu::weighted_values(&probabilities, &values)
+                    .unwrap_or_else(|| probabilities.matmul(self.repeat_kv(values)))
+            }
+            None => {
+                let (keys, values) = (self.repeat_kv(keys), self.repeat_kv(values));
+                let mask = mask.expand([batch, heads, tokens, positions]);
+                let options = AttentionModuleOptions {
+                    scale: Some(self.scale),
+                    softcap: self.softcap,
+                    ..Default::default()
+                };
+                attention(queries, keys, values, Some(mask), None, options)
             }
         };
         let head_outputs = call.visit(
