@@ -191,6 +191,59 @@ impl HeadOperands<'_> {
     }
 }
 
+/// One row block of a head, with its scaled scores.
+struct ScoredBlock<'a> {
+    /// The block's first query row.
+    first: usize,
+    /// Its rows (`ROWS`, or fewer at the end).
+    rows: usize,
+    /// One past the last key any of its rows sees: scores before it are computed.
+    end: usize,
+    /// `[ROWS, stride]` scaled scores (unmasked), valid before `end`.
+    scores: &'a mut [f32],
+    stride: usize,
+}
+
+impl HeadViews<'_> {
+    /// Computes the scaled scores of every row block of head `task` with the tiles `T` and
+    /// hands each block to `visit`, with the head's operands.
+    ///
+    /// # Safety
+    /// The CPU must have `T`'s instructions.
+    #[inline(always)]
+    unsafe fn score_row_blocks<T: Tiles>(
+        &self,
+        task: usize,
+        scale: f32,
+        mut visit: impl FnMut(&HeadOperands<'_>, ScoredBlock<'_>),
+    ) {
+        let head = self.head(task);
+        let sizes = &self.host.sizes;
+        let (tokens, positions, dim) = (sizes.tokens, sizes.positions, sizes.dim);
+        let keys = key_blocks::<T>(&self.host.keys, head.kv_head, positions, dim);
+        let stride = positions.div_ceil(T::KEYS) * T::KEYS;
+        let mut scores = vec![0.0f32; ROWS * stride];
+        let mut query = vec![[0.0f32; ROWS]; dim];
+        for first in (0..tokens).step_by(ROWS) {
+            let (rows, end) = head.block(first);
+            load_queries(head.queries, first, rows, &mut query);
+            // SAFETY: the caller's contract; `stride` covers every key block.
+            unsafe { score_blocks::<T>(&query, &keys, end, scale, (&mut scores, stride)) };
+            let scores = &mut scores[..];
+            visit(
+                &head,
+                ScoredBlock {
+                    first,
+                    rows,
+                    end,
+                    scores,
+                    stride,
+                },
+            );
+        }
+    }
+}
+
 /// The fused attention of each head into `[T, D]`.
 struct Attend<'a> {
     heads: HeadViews<'a>,
@@ -200,33 +253,33 @@ struct Attend<'a> {
 impl HeadJob for Attend<'_> {
     #[inline(always)]
     unsafe fn run<T: Tiles>(&self, task: usize, out: &mut [f32]) {
-        let head = self.heads.head(task);
         let sizes = &self.heads.host.sizes;
-        let (tokens, positions, dim) = (sizes.tokens, sizes.positions, sizes.dim);
-        let keys = key_blocks::<T>(&self.heads.host.keys, head.kv_head, positions, dim);
-        let values = ValueRows::of(&self.heads.host.values, head.kv_head, positions, dim);
-        // The row block's scaled scores, `[ROWS, padded]`, then its weights in place.
-        let padded = positions.div_ceil(T::KEYS) * T::KEYS;
-        let mut scores = vec![0.0f32; ROWS * padded];
-        let mut query = vec![[0.0f32; ROWS]; dim];
-        for first in (0..tokens).step_by(ROWS) {
-            let (rows, end) = head.block(first);
-            load_queries(head.queries, first, rows, &mut query);
-            // SAFETY: the caller's contract; `padded` covers every key block.
-            unsafe { score_blocks::<T>(&query, &keys, end, self.scale, (&mut scores, padded)) };
+        let (positions, dim) = (sizes.positions, sizes.dim);
+        let kv_head = self.heads.head(task).kv_head;
+        let values = ValueRows::of(&self.heads.host.values, kv_head, positions, dim);
+        let visit = |head: &HeadOperands<'_>, block: ScoredBlock<'_>| {
+            let ScoredBlock {
+                first,
+                rows,
+                end,
+                scores,
+                stride,
+            } = block;
             // Each row's weights in place of its scores (all zero for a row that sees no
             // key), and the factor that normalises them.
             let mut inverse = [0.0f32; ROWS];
             for (r, inverse) in inverse.iter_mut().enumerate().take(rows) {
                 let hidden = &head.hidden[(first + r) * positions..][..end];
-                *inverse = softmax_in_place(&mut scores[r * padded..][..end], hidden);
+                *inverse = softmax_in_place(&mut scores[r * stride..][..end], hidden);
             }
-            let weights: [&[f32]; ROWS] = std::array::from_fn(|r| &scores[r * padded..][..end]);
+            let weights: [&[f32]; ROWS] = std::array::from_fn(|r| &scores[r * stride..][..end]);
             // SAFETY: the caller's contract; `end <= positions` value rows.
             unsafe {
                 weigh_values::<T>(&weights, &values, &inverse, rows, &mut out[first * dim..])
             };
-        }
+        };
+        // SAFETY: the caller's contract.
+        unsafe { self.heads.score_row_blocks::<T>(task, self.scale, visit) };
     }
 }
 
@@ -239,33 +292,26 @@ struct Scores<'a> {
 impl HeadJob for Scores<'_> {
     #[inline(always)]
     unsafe fn run<T: Tiles>(&self, task: usize, out: &mut [f32]) {
-        let head = self.heads.head(task);
-        let sizes = &self.heads.host.sizes;
-        let (tokens, positions, dim) = (sizes.tokens, sizes.positions, sizes.dim);
-        let keys = key_blocks::<T>(&self.heads.host.keys, head.kv_head, positions, dim);
-        let padded = positions.div_ceil(T::KEYS) * T::KEYS;
-        let mut scores = vec![0.0f32; ROWS * padded];
-        let mut query = vec![[0.0f32; ROWS]; dim];
-        for first in (0..tokens).step_by(ROWS) {
-            let (rows, end) = head.block(first);
-            load_queries(head.queries, first, rows, &mut query);
-            // SAFETY: the caller's contract; `padded` covers every key block.
-            unsafe { score_blocks::<T>(&query, &keys, end, self.scale, (&mut scores, padded)) };
+        let positions = self.heads.host.sizes.positions;
+        let visit = |head: &HeadOperands<'_>, block: ScoredBlock<'_>| {
             // Keys at or past the block's end are hidden from each of its rows.
-            for r in 0..rows {
-                let row = (first + r) * positions;
+            for r in 0..block.rows {
+                let row = (block.first + r) * positions;
                 let (out, hidden) = (
                     &mut out[row..][..positions],
                     &head.hidden[row..][..positions],
                 );
-                for (s, (o, &hidden)) in out.iter_mut().zip(hidden).enumerate() {
+                let scores = &block.scores[r * block.stride..];
+                for ((o, &hidden), &score) in out.iter_mut().zip(hidden).zip(scores) {
                     *o = match hidden {
                         true => f32::NEG_INFINITY,
-                        false => scores[r * padded + s],
+                        false => score,
                     };
                 }
             }
-        }
+        };
+        // SAFETY: the caller's contract.
+        unsafe { self.heads.score_row_blocks::<T>(task, self.scale, visit) };
     }
 }
 
