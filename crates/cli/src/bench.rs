@@ -8,7 +8,6 @@ use std::time::Instant;
 use clap::Args;
 use hookscope::schema::DictionaryPart;
 use hookscope::{Decoding, Interventions, LayerSite, Result, Site, Steps};
-use multiversion::{multiversion, target::selected_target};
 use serde_json::json;
 
 /// Arguments of `hookscope bench`.
@@ -109,8 +108,9 @@ fn cpu_model() -> String {
         .unwrap_or_else(|| std::env::consts::ARCH.to_string())
 }
 
-/// The f32 arithmetic peak of this machine now, in GFLOPS: fused multiply-adds on every thread,
-/// no memory traffic. Prompt calls are reported as a fraction of it.
+/// The f32 arithmetic peak of this machine now, in GFLOPS, at the vector level the kernels run
+/// at (`HOOKSCOPE_CPU_KERNELS` caps both): fused multiply-adds on every thread, no memory
+/// traffic. Prompt calls are reported as a fraction of it.
 fn f32_peak_gflops() -> f64 {
     let threads = std::thread::available_parallelism().map_or(1, usize::from);
     (0..5)
@@ -118,7 +118,7 @@ fn f32_peak_gflops() -> f64 {
             let start = Instant::now();
             let sums = std::thread::scope(|scope| {
                 let probes: Vec<_> = (0..threads)
-                    .map(|_| scope.spawn(|| multiply_add_rounds(PEAK_ROUNDS)))
+                    .map(|_| scope.spawn(|| hookscope::multiply_add_rounds(PEAK_ROUNDS)))
                     .collect();
                 let results: Vec<_> = probes.into_iter().filter_map(|p| p.join().ok()).collect();
                 std::hint::black_box(&results);
@@ -128,33 +128,6 @@ fn f32_peak_gflops() -> f64 {
             flops / start.elapsed().as_secs_f64() / 1e9
         })
         .fold(0.0, f64::max)
-}
-
-/// `rounds` multiply-adds on each of a number of independent sums (fused where the target has
-/// it); returns their total, so that nothing is optimised away, and how many sums there were:
-/// enough vectors that fused multiply-adds never wait on each other, few enough to stay in
-/// registers (24 of AVX-512's 32 registers of 16 lanes; 12 of AVX2's 16 of 8: more would spill,
-/// and the probe would measure the spills).
-#[multiversion(targets("x86_64+avx512f+fma", "x86_64+avx2+fma"))]
-fn multiply_add_rounds(rounds: usize) -> (f32, usize) {
-    const FUSED: bool = selected_target!().supports_feature_str("fma");
-    const SUMS: usize = if selected_target!().supports_feature_str("avx512f") {
-        24 * 16
-    } else {
-        12 * 8
-    };
-    let (scale, shift) = std::hint::black_box((0.999_999f32, 1e-7f32));
-    let mut sums = [0.0f32; SUMS];
-    for _ in 0..rounds {
-        for sum in sums.iter_mut() {
-            *sum = if FUSED {
-                sum.mul_add(scale, shift)
-            } else {
-                *sum * scale + shift
-            };
-        }
-    }
-    (sums.iter().sum(), SUMS)
 }
 
 /// Runs the benchmark and prints a JSON report (median and min milliseconds per variant).

@@ -38,7 +38,7 @@ pub mod weights;
 pub use adapter::{Architecture, CausalLm, FeedForwardNorms, OutputHead, PlainNorm};
 pub use call::Call;
 pub use config::ArchConfig;
-pub use cpu::{KERNELS_VARIABLE, product_kernels};
+pub use cpu::{KERNELS_VARIABLE, multiply_add_rounds, product_kernels};
 pub use decoding::{Decoding, GenerationConfig};
 pub use device::DeviceChoice;
 pub use dictionary::{AttachOptions, Dictionary};

@@ -17,6 +17,7 @@ mod host;
 mod isa;
 mod packed;
 mod packed_tensors;
+mod peak;
 mod pool;
 mod prompt_attention;
 mod selective_scan;
@@ -29,6 +30,7 @@ pub use isa::{KERNELS_VARIABLE, check_kernel_choice};
 pub(crate) use packed::PackedMatrix;
 pub use packed::product_kernels;
 pub(crate) use packed_tensors::{embedding_rows, multiply, multiply_inputs, pack_view};
+pub use peak::multiply_add_rounds;
 pub use pool::on_worker;
 pub(crate) use prompt_attention::{
     attend as prompt_attention, scores as attention_scores, weighted_values,

@@ -14,7 +14,7 @@
 
 use std::arch::aarch64::*;
 
-use super::{Element, PANEL, PanelRow, Start, Tile, store_scalar};
+use super::{Element, HalfPass, PANEL, PanelRow, Start, Tile, for_each_input, store_scalar};
 use crate::precision::WeightDtype;
 
 /// Rows one pass keeps in registers: `6 x 16` sums (half a panel) in 24 of the 32 vector
@@ -45,7 +45,7 @@ pub(super) unsafe fn tile_neon<E: Element>(tile: &Tile<'_, E>, strip: &[f32], he
     for first in (0..height).step_by(NEON_ROWS) {
         let rows = (height - first).min(NEON_ROWS);
         for half in 0..halves {
-            let pass = Pass {
+            let pass = HalfPass {
                 height,
                 first,
                 half,
@@ -62,17 +62,6 @@ pub(super) unsafe fn tile_neon<E: Element>(tile: &Tile<'_, E>, strip: &[f32], he
             }
         }
     }
-}
-
-/// Which part of a tile one pass computes.
-#[derive(Clone, Copy)]
-struct Pass {
-    /// The tile's rows (the strip's width).
-    height: usize,
-    /// The pass's first row.
-    first: usize,
-    /// Columns `16 * half..16 * half + 16` of the panel.
-    half: usize,
 }
 
 /// A tile of `R` (one or two) rows over whole panel rows: `R x 32` sums in `8R` registers.
@@ -94,7 +83,7 @@ unsafe fn whole_panel<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f
         }
     }
     for half in 0..tile.columns.div_ceil(PANEL / 2) {
-        let pass = Pass {
+        let pass = HalfPass {
             height: R,
             first: 0,
             half,
@@ -109,23 +98,18 @@ unsafe fn whole_panel<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f
 ///
 /// # Safety
 /// As [`tile_neon`], with `first + R <= height`.
-unsafe fn half_pass<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f32], pass: Pass) {
-    let Pass {
-        height,
-        first,
-        half,
-    } = pass;
+unsafe fn half_pass<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f32], pass: HalfPass) {
     // SAFETY: NEON is always present on aarch64.
     let mut sums = [[unsafe { vdupq_n_f32(0.0) }; HALF]; R];
-    for (row, x) in tile.weights.iter().zip(strip.chunks_exact(height)) {
-        let weights = widen_half(row, half);
-        for (sum, &x) in sums.iter_mut().zip(&x[first..first + R]) {
+    for_each_input(tile.weights, strip, pass, |row, x: &[f32; R]| {
+        let weights = widen_half(row, pass.half);
+        for (sum, &x) in sums.iter_mut().zip(x) {
             for (s, w) in sum.iter_mut().zip(&weights) {
                 // SAFETY: NEON is always present on aarch64.
                 *s = unsafe { vfmaq_n_f32(*s, *w, x) };
             }
         }
-    }
+    });
     // SAFETY: the caller's contract.
     unsafe { store(sums, tile, pass) }
 }
@@ -192,7 +176,7 @@ fn f16_to_f32(bits: uint16x4_t) -> float32x4_t {
 unsafe fn store<const R: usize, E: Element>(
     sums: [[float32x4_t; HALF]; R],
     tile: &Tile<'_, E>,
-    pass: Pass,
+    pass: HalfPass,
 ) {
     let offset = pass.half * PANEL / 2;
     let columns = tile.columns.saturating_sub(offset).min(PANEL / 2);
