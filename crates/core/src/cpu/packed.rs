@@ -14,9 +14,9 @@
 //! The inner kernel keeps an `R x PANEL` tile of outputs in registers (up to [`TILE_ROWS`] rows:
 //! 24 AVX-512 accumulators) and adds one rank-1 update per input index: one panel row widened to
 //! two vectors, `R` broadcasts of the activations (packed per call into `[in, R]` strips), `2R`
-//! fused multiply-adds. Inputs are taken in blocks of [`DEPTH_BLOCK`] so that a panel's block stays in
-//! L1 while every row strip passes over it, and rows in blocks of [`ROW_BLOCK`] so that the
-//! strips stay in L2 while the panels pass. The outputs are split into several tasks per thread:
+//! fused multiply-adds. Inputs are taken in blocks of [`DEPTH_BLOCK`] so that a panel's block
+//! stays in L1 while every row strip passes over it, and rows in blocks of [`ROW_BLOCK`] so
+//! that the strips stay in L2 while the panels pass. The outputs are split into several tasks per thread:
 //! by columns, and past one row block by rows as well ([`TaskSplit`]). Kernels for AVX-512,
 //! AVX2 and NEON are picked at run time, within the cap of `isa`; elsewhere a portable kernel
 //! computes the same products.
@@ -727,8 +727,8 @@ impl Kernel {
 }
 
 /// The kernel family that runs products of weights stored in `dtype` with activations in
-/// `precision` on this CPU: `avx512-bf16`, `avx512`, `avx2`, `neon` or `portable` (what benchmark reports
-/// name).
+/// `precision` on this CPU: `avx512-bf16`, `avx512`, `avx2`, `neon` or `portable` (what
+/// benchmark reports name).
 pub fn product_kernels(precision: MatmulPrecision, dtype: WeightDtype) -> &'static str {
     Kernel::detect(precision, dtype).family()
 }
@@ -1006,10 +1006,10 @@ struct HalfPass {
 const INPUTS_PER_ITERATION: usize = 4;
 
 /// Calls `step` with each panel row of `weights` and the activations of the pass's `R` rows
-/// for the same input, [`INPUTS_PER_ITERATION`] inputs per iteration of one loop. The loop's own counting
-/// then takes a quarter of the issue slots it would (on Intel cores those ports also run the
-/// multiply-adds: the AVX2 pass ran at 83 % of the FMA peak with an iteration per input, 88 %
-/// with four), and the activations are read without a bounds check per input.
+/// for the same input, [`INPUTS_PER_ITERATION`] inputs per iteration of one loop. The loop's
+/// own counting then takes a quarter of the issue slots it would (on Intel cores those ports
+/// also run the multiply-adds: the AVX2 pass ran at 83 % of the FMA peak with an iteration per
+/// input, 85-88 % with four), and the activations are read without a bounds check per input.
 ///
 /// # Panics
 /// If the pass's rows do not lie within the strip's width or the strip is shorter than
