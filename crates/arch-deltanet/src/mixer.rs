@@ -191,13 +191,14 @@ impl Mixer for GatedDeltaNet {
         let (heads, dk, dv) = (spec.value_heads, spec.key_head_dim, spec.value_head_dim);
         // Padding positions feed zeros to every projection (as transformers does).
         let x = x * call.token_mask().unsqueeze_dim::<3>(2);
-        let qkv = self.in_proj_qkv.forward(x.clone());
-        let z = self
-            .in_proj_z
-            .forward(x.clone())
-            .reshape([batch, tokens, heads, dv]);
-        let b = self.in_proj_b.forward(x.clone());
-        let a = self.in_proj_a.forward(x);
+        let projections = [
+            &self.in_proj_qkv,
+            &self.in_proj_z,
+            &self.in_proj_b,
+            &self.in_proj_a,
+        ];
+        let [qkv, z, b, a] = Linear::forward_each(projections, x);
+        let z = z.reshape([batch, tokens, heads, dv]);
 
         let namespace = MixerNamespace::LinearAttn;
         let site = |s| Site::layer(self.layer, LayerSite::Mixer(namespace, s));

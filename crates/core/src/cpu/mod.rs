@@ -29,7 +29,9 @@ pub(crate) use elementwise::{SQRT_2_OVER_PI, exp, gelu_tanh, sigmoid, silu};
 pub use isa::{KERNELS_VARIABLE, check_kernel_choice};
 pub(crate) use packed::PackedMatrix;
 pub use packed::product_kernels;
-pub(crate) use packed_tensors::{embedding_rows, multiply, multiply_inputs, pack_view};
+pub(crate) use packed_tensors::{
+    embedding_rows, multiply, multiply_each, multiply_inputs, pack_view,
+};
 pub use peak::multiply_add_rounds;
 pub use pool::on_worker;
 pub(crate) use prompt_attention::{

@@ -53,6 +53,30 @@ pub(crate) fn multiply(packed: &PackedMatrix, x: Tensor<2>, bias: Option<&Tensor
     from_host(y, [rows, packed.d_out()])
 }
 
+/// `x W_i + b_i` for each matrix and bias of `maps` (matrices of `x`'s input width), as one
+/// product (see [`PackedMatrix::multiply_each`]): `[rows, out_i]` each.
+pub(crate) fn multiply_each(
+    maps: &[(&PackedMatrix, Option<&Tensor<1>>)],
+    x: Tensor<2>,
+) -> Vec<Tensor<2>> {
+    let [rows, _] = x.dims();
+    let x = to_host_f32(x);
+    let biases: Vec<_> = maps
+        .iter()
+        .map(|(_, bias)| bias.map(|bias| to_host_f32(bias.clone())))
+        .collect();
+    let operands: Vec<_> = maps
+        .iter()
+        .zip(&biases)
+        .map(|(&(packed, _), bias)| (packed, bias.as_ref().map(contiguous_values)))
+        .collect();
+    PackedMatrix::multiply_each(&operands, contiguous_values(&x), rows)
+        .into_iter()
+        .zip(maps)
+        .map(|(y, (packed, _))| from_host(y, [rows, packed.d_out()]))
+        .collect()
+}
+
 /// `x W[inputs, :]` for `x` `[rows, inputs.len()]`, without a bias: `[rows, out]` (see
 /// [`PackedMatrix::multiply_inputs`]).
 pub(crate) fn multiply_inputs(

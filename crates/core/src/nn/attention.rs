@@ -393,18 +393,16 @@ impl ProjectedAttention {
             let [.., heads, _] = x.dims();
             x.reshape([batch, tokens, heads * head_dim])
         };
+        let [q, k, v] = Linear::forward_each([&self.q_proj, &self.k_proj, &self.v_proj], x);
         let (q, gate) = if self.output_gate {
-            let both = self
-                .q_proj
-                .forward(x.clone())
-                .reshape([batch, tokens, heads, 2 * head_dim]);
+            let both = q.reshape([batch, tokens, heads, 2 * head_dim]);
             let gate = both.clone().slice_dim(3, head_dim..2 * head_dim);
             (both.slice_dim(3, 0..head_dim), Some(gate))
         } else {
-            (per_head(self.q_proj.forward(x.clone()), heads), None)
+            (per_head(q, heads), None)
         };
-        let k = per_head(self.k_proj.forward(x.clone()), attention.kv_heads);
-        let v = per_head(self.v_proj.forward(x), attention.kv_heads);
+        let k = per_head(k, attention.kv_heads);
+        let v = per_head(v, attention.kv_heads);
         let (q, k) = match &self.qk_norm {
             Some(((q_norm, k_norm), QkNormSpan::PerHead)) => (q_norm.forward(q), k_norm.forward(k)),
             Some(((q_norm, k_norm), QkNormSpan::Projection)) => (

@@ -269,6 +269,35 @@ impl Linear {
         })
     }
 
+    /// Applies each of `maps`, which read the same input width, to the last axis of `x`: on the
+    /// CPU one product over all their packed weights (the activations packed once, one
+    /// parallel loop; see [`PackedMatrix::multiply_each`]), elsewhere one map after another.
+    /// A layer's query, key and value maps, or a gated MLP's gate and up maps, are applied so.
+    pub fn forward_each<const D: usize, const N: usize>(
+        maps: [&Linear; N],
+        x: Tensor<D>,
+    ) -> [Tensor<D>; N] {
+        let packed: Vec<_> = maps
+            .iter()
+            .filter_map(|map| match &map.weight {
+                Weight::Packed(packed) => Some((packed.as_ref(), map.bias.as_ref())),
+                Weight::Tracked(_) | Weight::Tensor(_) => None,
+            })
+            .collect();
+        if packed.len() < N || N < 2 {
+            return maps.map(|map| map.forward(x.clone()));
+        }
+        let mut dims = x.dims();
+        let rows = dims[..D - 1].iter().product::<usize>();
+        let folded = x.reshape([rows, dims[D - 1]]);
+        let mut outputs = cpu::multiply_each(&packed, folded).into_iter();
+        maps.map(|map| {
+            dims[D - 1] = map.d_out();
+            let y = outputs.next().expect("one output a map");
+            y.reshape(dims)
+        })
+    }
+
     /// The matrix's input rows `inputs` alone, without the bias, applied to the last axis of
     /// `x` (`inputs.len()` wide): one attention head's share of an output projection.
     ///
@@ -360,6 +389,45 @@ mod tests {
                 let expected = expected.into_data().try_to_vec::<f32>().unwrap();
                 for (a, b) in folded.iter().zip(&expected) {
                     assert!((a - b).abs() < 1e-5, "{rows} rows: {a} vs {b}");
+                }
+            }
+        }
+    }
+
+    /// Maps applied together give what each gives alone, leading axes folded: packed maps of
+    /// different widths with and without bias (one product), and a set holding a burn-tensor
+    /// map (one map after another).
+    #[test]
+    fn maps_applied_together_match_each_map_alone() {
+        let d_in = 24;
+        let packed = |d_out: usize, seed: u64, bias: bool| Linear {
+            weight: Weight::new(random([d_in, d_out], seed)),
+            bias: bias.then(|| random([1, d_out], seed + 1).reshape([d_out])),
+        };
+        let tensor = Linear {
+            weight: Weight::Tensor(Box::new(random([d_in, 8], 9))),
+            bias: None,
+        };
+        let (q, k, v) = (
+            packed(40, 1, true),
+            packed(8, 3, false),
+            packed(33, 5, true),
+        );
+        assert!(matches!(q.weight, Weight::Packed(_)), "packed on flex");
+        let x = random([7, d_in], 7).reshape([1, 7, d_in]);
+        let sets: [[&Linear; 3]; 2] = [[&q, &k, &v], [&q, &tensor, &v]];
+        for maps in sets {
+            let together = Linear::forward_each(maps, x.clone());
+            for (map, y) in maps.iter().zip(together) {
+                let alone = map
+                    .forward(x.clone())
+                    .into_data()
+                    .try_to_vec::<f32>()
+                    .unwrap();
+                assert_eq!(y.dims(), [1, 7, map.d_out()]);
+                let y = y.into_data().try_to_vec::<f32>().unwrap();
+                for (a, b) in y.iter().zip(&alone) {
+                    assert!((a - b).abs() < 1e-6, "{} wide: {a} vs {b}", map.d_out());
                 }
             }
         }

@@ -157,8 +157,9 @@ impl GatedMlp {
     pub fn serve(&self, layer: usize, x: Tensor<3>, call: &mut Call<'_>) -> Result<Tensor<3>> {
         let x = serve_mlp_input(layer, x, call)?;
         let site = |site| mlp_site(layer, site);
-        let pre = call.visit(site(MlpSite::PreActivation), self.gate.forward(x.clone()))?;
-        let up = call.visit(site(MlpSite::UpProjection), self.up.forward(x))?;
+        let [gate, up] = Linear::forward_each([&self.gate, &self.up], x);
+        let pre = call.visit(site(MlpSite::PreActivation), gate)?;
+        let up = call.visit(site(MlpSite::UpProjection), up)?;
         let post = call.visit(
             site(MlpSite::PostActivation),
             self.activation.forward(pre) * up,
@@ -169,7 +170,7 @@ impl GatedMlp {
     /// Applies the MLP to the last axis of `x` (`[B, T, H]`, or `[rows, H]`), serving no site
     /// (a mixture's experts).
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
-        let gate = self.activation.forward(self.gate.forward(x.clone()));
-        self.down.forward(gate * self.up.forward(x))
+        let [gate, up] = Linear::forward_each([&self.gate, &self.up], x);
+        self.down.forward(self.activation.forward(gate) * up)
     }
 }
