@@ -42,15 +42,8 @@ pub(crate) fn strided_element(
 
 /// `x W + b` for `x` `[rows, in]`: `[rows, out]`.
 pub(crate) fn multiply(packed: &PackedMatrix, x: Tensor<2>, bias: Option<&Tensor<1>>) -> Tensor<2> {
-    let [rows, _] = x.dims();
-    let x = to_host_f32(x);
-    let bias = bias.map(|bias| to_host_f32(bias.clone()));
-    let y = packed.multiply(
-        contiguous_values(&x),
-        rows,
-        bias.as_ref().map(contiguous_values),
-    );
-    from_host(y, [rows, packed.d_out()])
+    let mut outputs = multiply_each(&[(packed, bias)], x);
+    outputs.pop().expect("one output a matrix")
 }
 
 /// `x W_i + b_i` for each matrix and bias of `maps` (matrices of `x`'s input width), as one

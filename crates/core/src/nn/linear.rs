@@ -287,15 +287,9 @@ impl Linear {
         if packed.len() < N || N < 2 {
             return maps.map(|map| map.forward(x.clone()));
         }
-        let mut dims = x.dims();
-        let rows = dims[..D - 1].iter().product::<usize>();
-        let folded = x.reshape([rows, dims[D - 1]]);
+        let (folded, dims) = fold_rows(x);
         let mut outputs = cpu::multiply_each(&packed, folded).into_iter();
-        maps.map(|map| {
-            dims[D - 1] = map.d_out();
-            let y = outputs.next().expect("one output a map");
-            y.reshape(dims)
-        })
+        maps.map(|map| unfold_rows(outputs.next().expect("one output a map"), dims, map.d_out()))
     }
 
     /// The matrix's input rows `inputs` alone, without the bias, applied to the last axis of
@@ -322,9 +316,19 @@ fn over_rows<const D: usize>(
     d_out: usize,
     product: impl FnOnce(Tensor<2>) -> Tensor<2>,
 ) -> Tensor<D> {
-    let mut dims = x.dims();
+    let (folded, dims) = fold_rows(x);
+    unfold_rows(product(folded), dims, d_out)
+}
+
+/// `x` with every leading axis folded into the rows of one `[rows, in]` matrix, and its dims.
+fn fold_rows<const D: usize>(x: Tensor<D>) -> (Tensor<2>, [usize; D]) {
+    let dims = x.dims();
     let rows = dims[..D - 1].iter().product::<usize>();
-    let y = product(x.reshape([rows, dims[D - 1]]));
+    (x.reshape([rows, dims[D - 1]]), dims)
+}
+
+/// A product's `[rows, d_out]` result with the leading axes of `dims` unfolded again.
+fn unfold_rows<const D: usize>(y: Tensor<2>, mut dims: [usize; D], d_out: usize) -> Tensor<D> {
     dims[D - 1] = d_out;
     y.reshape(dims)
 }
