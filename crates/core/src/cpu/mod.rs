@@ -11,6 +11,7 @@
 //! (`isa`).
 
 mod attention_tiles;
+mod caches;
 mod decode_attention;
 mod elementwise;
 mod host;

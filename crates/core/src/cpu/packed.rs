@@ -14,9 +14,11 @@
 //! The inner kernel keeps an `R x PANEL` tile of outputs in registers (up to [`TILE_ROWS`] rows:
 //! 24 AVX-512 accumulators) and adds one rank-1 update per input index: one panel row widened to
 //! two vectors, `R` broadcasts of the activations (packed per call into `[in, R]` strips), `2R`
-//! fused multiply-adds. Inputs are taken in blocks of [`DEPTH_BLOCK`] so that a panel's block
-//! stays in L1 while every row strip passes over it, and rows in blocks of [`ROW_BLOCK`] so
-//! that the strips stay in L2 while the panels pass. The outputs are split into several tasks
+//! fused multiply-adds. Inputs are taken in blocks sized to the L2 ([`depth_block`]) so that a
+//! panel's block stays in cache while every row strip passes over it, and rows in blocks of
+//! [`ROW_BLOCK`] so that the strips stay in L2 while the panels pass; while the strips pass over
+//! one panel block, the kernels bring the task's next one into L2 ([`Upcoming`]), so that its
+//! first strip does not wait on memory. The outputs are split into several tasks
 //! per thread: by columns, and past one row block by rows as well ([`TaskSplit`]). Kernels for
 //! AVX-512, AVX2 and NEON are picked at run time, within the cap of `isa`; elsewhere a portable
 //! kernel computes the same products.
@@ -28,25 +30,29 @@
 //! activations go through the f32 kernels, which compute the same exact products.
 
 use std::ops::Range;
+use std::sync::OnceLock;
 
 use multiversion::multiversion;
 #[cfg(target_arch = "x86_64")]
 use multiversion::target::selected_target;
 use rayon::prelude::*;
 
+use super::caches;
 use super::isa::{Family, kernel_cap};
 use crate::precision::{MatmulPrecision, WeightDtype};
 
 #[cfg(target_arch = "aarch64")]
 mod neon;
+mod strips;
+
+use strips::{Strip, Strips, TILE_ROWS};
 
 /// Output columns per packed panel: two AVX-512 vectors.
 pub(crate) const PANEL: usize = 32;
-/// Most output rows one kernel call keeps in registers.
-const TILE_ROWS: usize = 12;
-/// Inputs per block: a panel's block (`DEPTH_BLOCK x PANEL` weights, at most 32 KiB) fits in L1.
-const DEPTH_BLOCK: usize = 256;
-/// Rows per block: their packed strips (`ROW_BLOCK x DEPTH_BLOCK` floats, 192 KiB) stay in L2.
+/// Fewest inputs a depth block takes (and the step its size is rounded down to): a panel's block
+/// (`256 x PANEL` f32 weights, 32 KiB) fits in L1 beside a strip's block.
+const MIN_DEPTH_BLOCK: usize = 256;
+/// Rows per block: their packed strips (`ROW_BLOCK x depth block` floats) stay in L2.
 const ROW_BLOCK: usize = 16 * TILE_ROWS;
 
 /// Tasks per thread a product's panels are split into: a thread slowed by other work on the
@@ -357,7 +363,7 @@ impl PackedMatrix {
             .map(|y| OutputPtr(y.as_mut_ptr()))
             .collect();
         let kernel = Kernel::detect(self.precision, E::DTYPE);
-        let strips = Strips::pack(kernel, self.precision, x, rows, d_in);
+        let strips = Strips::pack(kernel.reads_pairs(), self.precision, x, rows, d_in);
         let split = TaskSplit::new(rows, panels, rayon::current_num_threads());
         (0..split.tasks()).into_par_iter().for_each(|task| {
             let (my_rows, mine) = split.task(task);
@@ -470,6 +476,42 @@ impl TaskSplit {
     }
 }
 
+/// The inputs per block of a product of `rows` activation rows over `d_in` inputs: the fewest
+/// equal blocks of at most [`max_depth_block`] (even, so that bf16 pairs never straddle two),
+/// or the whole depth when the rows fit one strip (nothing is reused across strips then, so
+/// each panel streams whole).
+///
+/// Each further block reads and writes every output again: the 768-input vocabulary map of a
+/// 1024-row call (131 MB of outputs) ran at 170 GFLOP/s in three blocks of 256 and 205 in one
+/// (AVX2, two threads, 2 MiB L2).
+fn depth_block(d_in: usize, rows: usize) -> usize {
+    if rows <= TILE_ROWS {
+        return d_in.max(1);
+    }
+    let blocks = d_in.div_ceil(max_depth_block()).max(1);
+    d_in.div_ceil(blocks).next_multiple_of(2).max(2)
+}
+
+/// The most inputs a depth block takes on this CPU ([`depth_budget`] of its L2).
+fn max_depth_block() -> usize {
+    static MOST: OnceLock<usize> = OnceLock::new();
+    *MOST.get_or_init(|| depth_budget(caches::l2_bytes()))
+}
+
+/// Most inputs a depth block takes, whatever the L2: the largest measured.
+const MAX_DEPTH_BLOCK: usize = 1024;
+
+/// The most inputs a depth block takes with an L2 of `l2` bytes: a row block's strips for one
+/// depth block and two panels' blocks (the one the kernels read and the next one, which they
+/// bring in) fill at most half of it, in steps of [`MIN_DEPTH_BLOCK`] up to [`MAX_DEPTH_BLOCK`]
+/// (1024 inputs for 2 MiB, 512 for 1 MiB, 256 for Zen 2's 512 KiB); [`MIN_DEPTH_BLOCK`] where
+/// the L2's size is not known.
+fn depth_budget(l2: Option<usize>) -> usize {
+    let bytes_per_input = (ROW_BLOCK + 2 * PANEL) * std::mem::size_of::<f32>();
+    let inputs = l2.map_or(0, |l2| l2 / 2 / bytes_per_input);
+    (inputs / MIN_DEPTH_BLOCK * MIN_DEPTH_BLOCK).clamp(MIN_DEPTH_BLOCK, MAX_DEPTH_BLOCK)
+}
+
 /// The panel rows of a `[d_in, d_out]` matrix, packed in parallel, one panel per task.
 fn pack_rows<E: Element>(
     d_in: usize,
@@ -547,113 +589,6 @@ struct OutputPtr(*mut f32);
 unsafe impl Send for OutputPtr {}
 unsafe impl Sync for OutputPtr {}
 
-/// The activations rearranged into strips of `TILE_ROWS` rows, each strip `[units, strip rows]`
-/// (the last strip may be narrower), so that a kernel reads its row values for one unit of
-/// input from consecutive elements. A unit is one input (f32), or two (bf16 pairs).
-enum Strips {
-    F32(Vec<f32>),
-    /// Inputs `2i` and `2i + 1` rounded to bf16, in the low and high half; a zero high half
-    /// past an odd last input.
-    Bf16Pairs(Vec<u32>),
-}
-
-impl Strips {
-    /// The strips `kernel` reads, with the activations rounded to `precision`.
-    fn pack(
-        kernel: Kernel,
-        precision: MatmulPrecision,
-        x: &[f32],
-        rows: usize,
-        d_in: usize,
-    ) -> Self {
-        match (kernel.reads_pairs(), precision) {
-            (true, _) => {
-                Strips::Bf16Pairs(pack_strips(x, rows, d_in, d_in.div_ceil(2), |row, i| {
-                    let bits =
-                        |k: usize| row.get(k).map_or(0, |&v| half::bf16::from_f32(v).to_bits());
-                    u32::from(bits(2 * i)) | (u32::from(bits(2 * i + 1)) << 16)
-                }))
-            }
-            (false, MatmulPrecision::F32) => {
-                Strips::F32(pack_strips(x, rows, d_in, d_in, |row, k| row[k]))
-            }
-            (false, MatmulPrecision::Bf16) => {
-                Strips::F32(pack_strips(x, rows, d_in, d_in, |row, k| {
-                    half::bf16::from_f32(row[k]).to_f32()
-                }))
-            }
-        }
-    }
-
-    /// Inputs per unit.
-    fn inputs_per_unit(&self) -> usize {
-        match self {
-            Strips::F32(_) => 1,
-            Strips::Bf16Pairs(_) => 2,
-        }
-    }
-
-    /// `len` elements from `start`.
-    fn strip(&self, start: usize, len: usize) -> Strip<'_> {
-        match self {
-            Strips::F32(values) => Strip::F32(&values[start..][..len]),
-            Strips::Bf16Pairs(pairs) => Strip::Bf16Pairs(&pairs[start..][..len]),
-        }
-    }
-}
-
-/// One tile's activations: `[units, height]`.
-#[derive(Clone, Copy)]
-enum Strip<'a> {
-    F32(&'a [f32]),
-    // Read by x86's bf16 pair kernel only.
-    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
-    Bf16Pairs(&'a [u32]),
-}
-
-/// Strips of `units` values per row, where `unit(row, u)` is unit `u` of an activation row.
-///
-/// Each strip's rows are found once, and a whole strip's row loop has a constant height: found
-/// anew for each value, the rows made packing cost 0.66-1.40 ns a value on one thread (six
-/// runs), now 0.30-1.14 (best 0.30); Llama-shaped 128-token calls 1.5 % faster.
-fn pack_strips<T: Copy + Default + Send + Sync>(
-    x: &[f32],
-    rows: usize,
-    d_in: usize,
-    units: usize,
-    unit: impl Fn(&[f32], usize) -> T + Sync,
-) -> Vec<T> {
-    let mut strips = vec![T::default(); rows * units];
-    if units == 0 {
-        return strips;
-    }
-    strips
-        .par_chunks_mut(TILE_ROWS * units)
-        .zip(x.par_chunks(TILE_ROWS * d_in))
-        .for_each(|(strip, x_rows)| {
-            let mut rows = [&[][..]; TILE_ROWS];
-            for (slot, row) in rows.iter_mut().zip(x_rows.chunks_exact(d_in)) {
-                *slot = row;
-            }
-            match strip.len() / units {
-                TILE_ROWS => fill_strip(strip, &rows, &unit),
-                height => fill_strip(strip, &rows[..height], &unit),
-            }
-        });
-    strips
-}
-
-/// Writes unit `u` of every row of `rows` (`rows.len()` values) for each `u` in turn into
-/// `strip`.
-#[inline(always)]
-fn fill_strip<T>(strip: &mut [T], rows: &[&[f32]], unit: impl Fn(&[f32], usize) -> T) {
-    for (column, u) in strip.chunks_exact_mut(rows.len()).zip(0usize..) {
-        for (value, row) in column.iter_mut().zip(rows) {
-            *value = unit(row, u);
-        }
-    }
-}
-
 /// One call's operands, seen by the task that computes a range of panels.
 struct Product<'a, E> {
     /// The weight's panel rows.
@@ -673,33 +608,44 @@ struct Product<'a, E> {
     kernel: Kernel,
 }
 
-impl<E: Element> Product<'_, E> {
+impl<'a, E: Element> Product<'a, E> {
+    /// The panel rows of `panel`'s depth block from `depth_start`.
+    fn block(&self, panel: usize, depth_start: usize, depth_block: usize) -> &'a [PanelRow<E>] {
+        let depth = depth_block.min(self.d_in - depth_start);
+        &self.rows[panel * self.panel_depth + self.first_input + depth_start..][..depth]
+    }
+
     /// Computes the outputs of rows `row_range` (starting on a strip) in the columns of
     /// `panels`.
     fn panels(&self, row_range: Range<usize>, panels: Range<usize>) {
         let (d_in, d_out, rows) = (self.d_in, self.d_out, self.x_rows);
-        // One strip: nothing is reused across strips, so stream each panel whole.
-        let depth_block = if rows <= TILE_ROWS {
-            d_in.max(1)
-        } else {
-            DEPTH_BLOCK
-        };
+        let depth_block = depth_block(d_in, rows);
         let per_unit = self.strips.inputs_per_unit();
         let units_per_row = d_in.div_ceil(per_unit);
         for depth_start in (0..d_in.max(1)).step_by(depth_block) {
             let depth = depth_block.min(d_in - depth_start);
-            // `DEPTH_BLOCK` is even: a block starts on a whole unit.
+            // `depth_block` is even: a block starts on a whole unit.
             let (first_unit, units) = (depth_start / per_unit, depth.div_ceil(per_unit));
             for row_start in row_range.clone().step_by(ROW_BLOCK) {
                 let row_end = (row_start + ROW_BLOCK).min(row_range.end);
                 for panel in panels.clone() {
                     let first_column = panel * PANEL;
                     let columns = PANEL.min(d_out - first_column);
-                    let first = panel * self.panel_depth + self.first_input + depth_start;
-                    let weights = &self.rows[first..][..depth];
+                    let weights = self.block(panel, depth_start, depth_block);
                     let bias = self
                         .bias
                         .map(|bias| &bias[first_column..first_column + columns]);
+                    // The block the task reads next, a share of it for each strip's tile.
+                    let next = match (panel + 1 < panels.end, row_end < row_range.end) {
+                        (true, _) => self.block(panel + 1, depth_start, depth_block),
+                        (false, true) => self.block(panels.start, depth_start, depth_block),
+                        (false, false) if depth_start + depth_block < d_in => {
+                            self.block(panels.start, depth_start + depth_block, depth_block)
+                        }
+                        (false, false) => &[],
+                    };
+                    let strips = (row_end - row_start).div_ceil(TILE_ROWS);
+                    let mut shares = next.chunks(next.len().div_ceil(strips).max(1));
                     for strip_start in (row_start..row_end).step_by(TILE_ROWS) {
                         let height = TILE_ROWS.min(rows - strip_start);
                         let strip = self.strips.strip(
@@ -716,6 +662,7 @@ impl<E: Element> Product<'_, E> {
                             },
                             stride: d_out,
                             columns,
+                            upcoming: shares.next().unwrap_or(&[]),
                             start: match depth_start {
                                 0 => Start::Bias(bias),
                                 _ => Start::Accumulate,
@@ -748,6 +695,8 @@ struct Tile<'a, E> {
     output: *mut f32,
     stride: usize,
     columns: usize,
+    /// Panel rows the kernel asks L2 to fetch for a later tile.
+    upcoming: &'a [PanelRow<E>],
     start: Start<'a>,
 }
 
@@ -914,6 +863,83 @@ fn widen_row<E: Element>(
     }
 }
 
+/// Fewest inputs between two of a tile's requests for the next block: one panel row (two cache
+/// lines in f32) every 12-24 cycles keeps the misses in flight within the core's fill buffers.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+const UPCOMING_SPACING: usize = 4;
+
+/// The panel rows a tile asks L2 to fetch for its task's next tiles ([`Tile::upcoming`]),
+/// spread over one pass of the tile's inputs: the second pass of a half-panel kernel (AVX2,
+/// NEON; the first reads the tile's own block, from memory in a block's first tile), the one
+/// pass of an AVX-512 kernel. A tile whose share does not fit one pass goes on in the next.
+///
+/// Without it the first tile of every panel block waited on memory for all of the block. With
+/// weights not in cache, two threads, 128 rows: AVX2 products 186-202 -> 204-221 GFLOP/s
+/// (MKL, same run: 182-210), AVX-512 311-349 -> 322-417; Llama-shaped AVX2 calls 17 % faster
+/// at 10 tokens, 7 % at 128 (with the depth blocks of [`depth_block`]). The bf16 pair kernel
+/// ran at the same speed with and without it.
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+struct Upcoming<'a, E> {
+    rows: std::slice::Iter<'a, PanelRow<E>>,
+    /// Inputs between two requests.
+    every: usize,
+    /// Inputs until the next request.
+    countdown: usize,
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+impl<'a, E: Element> Upcoming<'a, E> {
+    /// `tile`'s requests, spread over `inputs` calls of [`Upcoming::step`].
+    fn over(tile: &Tile<'a, E>, inputs: usize) -> Self {
+        Upcoming {
+            rows: tile.upcoming.iter(),
+            every: (inputs / tile.upcoming.len().max(1)).max(UPCOMING_SPACING),
+            countdown: 0,
+        }
+    }
+
+    /// Called once an input: asks for the next panel row every `every` inputs.
+    #[inline(always)]
+    fn step(&mut self) {
+        if self.countdown == 0 {
+            if let Some(row) = self.rows.next() {
+                prefetch_to_l2(row);
+            }
+            self.countdown = self.every;
+        }
+        self.countdown -= 1;
+    }
+}
+
+/// Asks L2 for the panel row `row`.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+fn prefetch_to_l2<E: Element>(row: &PanelRow<E>) {
+    use std::arch::x86_64::*;
+    let at = (row as *const PanelRow<E>).cast::<i8>();
+    for line in 0..std::mem::size_of::<PanelRow<E>>() / 64 {
+        // SAFETY: SSE is part of x86_64; the line lies inside the panel row.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(64 * line)) };
+    }
+}
+
+/// Asks L2 for the panel row `row`.
+#[cfg(target_arch = "aarch64")]
+#[inline(always)]
+fn prefetch_to_l2<E: Element>(row: &PanelRow<E>) {
+    let at = (row as *const PanelRow<E>).cast::<u8>();
+    for line in 0..std::mem::size_of::<PanelRow<E>>() / 64 {
+        // SAFETY: `prfm` is a hint: it never faults and changes nothing the program observes.
+        unsafe {
+            std::arch::asm!(
+                "prfm pldl2keep, [{at}]",
+                at = in(reg) at.wrapping_add(64 * line),
+                options(nostack, preserves_flags, readonly),
+            )
+        };
+    }
+}
+
 /// Asks the cache for the panel rows `PREFETCH_BYTES` past `row` (prefetches never fault, so
 /// the address may lie past the panel).
 #[cfg(target_arch = "x86_64")]
@@ -940,8 +966,10 @@ unsafe fn tile_avx512<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f
     use std::arch::x86_64::*;
     debug_assert_eq!(strip.len(), tile.weights.len() * R);
     let mut sums = [[_mm512_setzero_ps(); 2]; R];
+    let mut upcoming = Upcoming::over(tile, tile.weights.len());
     for (row, x) in tile.weights.iter().zip(strip.as_chunks::<R>().0) {
         prefetch_ahead(row);
+        upcoming.step();
         let (low, high) = widen_row(row);
         for (sum, &x) in sums.iter_mut().zip(x) {
             let x = _mm512_set1_ps(x);
@@ -990,9 +1018,11 @@ unsafe fn tile_avx512_bf16<const R: usize, E: Element>(tile: &Tile<'_, E>, pairs
     };
     let mut rows = tile.weights.chunks_exact(2);
     let mut x = pairs.as_chunks::<R>().0.iter();
+    let mut upcoming = Upcoming::over(tile, rows.len());
     for (two, x) in rows.by_ref().zip(x.by_ref()) {
         prefetch_ahead(&two[0]);
         prefetch_ahead(&two[1]);
+        upcoming.step();
         step(load(&two[0]), load(&two[1]), x);
     }
     if let ([last], Some(x)) = (rows.remainder(), x.next()) {
@@ -1077,6 +1107,7 @@ unsafe fn tile_avx2<E: Element>(tile: &Tile<'_, E>, strip: &[f32], height: usize
         _ => {}
     }
     let halves = tile.columns.div_ceil(PANEL / 2);
+    let mut upcoming = Upcoming::over(tile, tile.weights.len());
     for first in (0..height).step_by(AVX2_ROWS) {
         let rows = (height - first).min(AVX2_ROWS);
         for half in 0..halves {
@@ -1085,14 +1116,15 @@ unsafe fn tile_avx2<E: Element>(tile: &Tile<'_, E>, strip: &[f32], height: usize
                 first,
                 half,
             };
+            let upcoming = &mut upcoming;
             unsafe {
                 match rows {
-                    1 => avx2_pass::<1, E>(tile, strip, pass),
-                    2 => avx2_pass::<2, E>(tile, strip, pass),
-                    3 => avx2_pass::<3, E>(tile, strip, pass),
-                    4 => avx2_pass::<4, E>(tile, strip, pass),
-                    5 => avx2_pass::<5, E>(tile, strip, pass),
-                    _ => avx2_pass::<AVX2_ROWS, E>(tile, strip, pass),
+                    1 => avx2_pass::<1, E>(tile, strip, pass, upcoming),
+                    2 => avx2_pass::<2, E>(tile, strip, pass, upcoming),
+                    3 => avx2_pass::<3, E>(tile, strip, pass, upcoming),
+                    4 => avx2_pass::<4, E>(tile, strip, pass, upcoming),
+                    5 => avx2_pass::<5, E>(tile, strip, pass, upcoming),
+                    _ => avx2_pass::<AVX2_ROWS, E>(tile, strip, pass, upcoming),
                 }
             }
         }
@@ -1190,14 +1222,20 @@ fn for_each_input<E: Element, const R: usize>(
 
 /// Rows `first..first + R`, one half panel, of an AVX2 tile: `R x 16` sums in `2R` registers,
 /// one rank-1 update per input. Only a tile's first pass asks for the panel rows ahead: the
-/// block stays in L1 for the passes after it, where a prefetch per input would take load slots
-/// from the broadcasts.
+/// block stays in cache for the passes after it, where a prefetch per input would take load
+/// slots from the broadcasts; those passes ask for the task's next block instead, a few panel
+/// rows a pass ([`Upcoming`]).
 ///
 /// # Safety
 /// As [`tile_avx2`], with `first + R <= height`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn avx2_pass<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f32], pass: HalfPass) {
+unsafe fn avx2_pass<'a, const R: usize, E: Element>(
+    tile: &Tile<'a, E>,
+    strip: &[f32],
+    pass: HalfPass,
+    upcoming: &mut Upcoming<'a, E>,
+) {
     use std::arch::x86_64::*;
     let mut sums = [[_mm256_setzero_ps(); 2]; R];
     let mut update = |row: &PanelRow<E>, x: &[f32; R]| {
@@ -1215,7 +1253,10 @@ unsafe fn avx2_pass<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f32
             update(row, x);
         });
     } else {
-        for_each_input(tile.weights, strip, pass, update);
+        for_each_input(tile.weights, strip, pass, |row, x| {
+            upcoming.step();
+            update(row, x);
+        });
     }
     // SAFETY: the caller's contract.
     unsafe { store_avx2(sums, tile, pass) }
@@ -1403,14 +1444,16 @@ mod tests {
 
     /// `(rows, d_in, d_out)`: one row and several tiles, partial panels, odd input counts (a
     /// lone last input for the pair kernel), several input and row blocks, no inputs.
-    const ODD_SHAPES: [(usize, usize, usize); 6] = [
-        (1, 1, 1),
-        (1, 37, 141),
-        (5, 300, 33),
-        (TILE_ROWS + 1, 71, 64),
-        (ROW_BLOCK + 7, DEPTH_BLOCK * 2 + 3, 97),
-        (3, 0, 5),
-    ];
+    fn odd_shapes() -> [(usize, usize, usize); 6] {
+        [
+            (1, 1, 1),
+            (1, 37, 141),
+            (5, 300, 33),
+            (TILE_ROWS + 1, 71, 64),
+            (ROW_BLOCK + 7, max_depth_block() + 3, 97),
+            (3, 0, 5),
+        ]
+    }
 
     /// Every tile height, partial panels, several input and row blocks, both storage
     /// orientations, with and without bias, every storage precision (against the reference on
@@ -1418,8 +1461,9 @@ mod tests {
     #[test]
     fn products_match_a_plain_reference_on_odd_sizes() {
         let dtypes = [WeightDtype::F32, WeightDtype::Bf16, WeightDtype::F16];
-        for ((rows, d_in, d_out), dtype) in
-            ODD_SHAPES.into_iter().flat_map(|s| dtypes.map(|d| (s, d)))
+        for ((rows, d_in, d_out), dtype) in odd_shapes()
+            .into_iter()
+            .flat_map(|s| dtypes.map(|d| (s, d)))
         {
             let x = matrix(rows * d_in, 1);
             let w = matrix(d_in * d_out, 2);
@@ -1456,7 +1500,7 @@ mod tests {
         let bf16 = |v: f32| half::bf16::from_f32(v).to_f32();
         let best = Kernel::detect(MatmulPrecision::Bf16, WeightDtype::Bf16);
         let kernels = std::iter::once(best).chain(f32_kernels_here());
-        for (rows, d_in, d_out) in ODD_SHAPES {
+        for (rows, d_in, d_out) in odd_shapes() {
             let x = matrix(rows * d_in, 5);
             let w = matrix(d_in * d_out, 6);
             let bias = matrix(d_out, 7);
@@ -1511,8 +1555,8 @@ mod tests {
     /// end, over several input blocks and tiles, every storage precision.
     #[test]
     fn products_over_an_input_range_match_the_reference_on_those_rows() {
-        let (d_in, d_out) = (DEPTH_BLOCK * 2 + 9, 45);
-        let ranges = [0..7, 100..DEPTH_BLOCK + 170, 3..d_in, d_in - 1..d_in];
+        let (d_in, d_out) = (max_depth_block() + 9, 45);
+        let ranges = [0..7, 100..max_depth_block() + 5, 3..d_in, d_in - 1..d_in];
         for (rows, dtype) in [1, 2, TILE_ROWS + 5]
             .into_iter()
             .flat_map(|r| [WeightDtype::F32, WeightDtype::Bf16, WeightDtype::F16].map(|d| (r, d)))
@@ -1538,7 +1582,7 @@ mod tests {
     /// pools of one and five threads; matrices of mixed precisions take one product each.
     #[test]
     fn products_of_several_maps_match_each_map_alone() {
-        let d_in = DEPTH_BLOCK * 2 + 3;
+        let d_in = max_depth_block() + 3;
         let widths = [45, 32, 0, 7, 100];
         let dtypes = [WeightDtype::F32, WeightDtype::Bf16, WeightDtype::F16];
         let mixed = [
@@ -1590,6 +1634,42 @@ mod tests {
 
     /// The tasks of a split cover every output (row, panel) exactly once, start row groups on
     /// whole strips, and keep at least `MIN_TASK_PANELS` panels a task when rows are split.
+    #[test]
+    fn depth_blocks_split_the_inputs_evenly_within_the_l2_budget() {
+        let budgets = [
+            None,
+            Some(256 << 10),
+            Some(512 << 10),
+            Some(1 << 20),
+            Some(2 << 20),
+        ];
+        let expected = [256, 256, 256, 512, 1024];
+        assert_eq!(budgets.map(depth_budget), expected);
+        assert_eq!(depth_budget(Some(1 << 40)), MAX_DEPTH_BLOCK);
+        let most = max_depth_block();
+        for d_in in [
+            0, 1, 255, 256, 257, 768, 1023, 1024, 1025, 2048, 3071, 11008,
+        ] {
+            assert_eq!(
+                depth_block(d_in, TILE_ROWS),
+                d_in.max(1),
+                "one strip streams whole"
+            );
+            let block = depth_block(d_in, TILE_ROWS + 1);
+            let blocks = d_in.div_ceil(block);
+            assert!(
+                block.is_multiple_of(2) && block <= most.max(2),
+                "{d_in}: {block}"
+            );
+            assert_eq!(blocks, d_in.div_ceil(most), "{d_in}: fewest blocks");
+            // Equal blocks: the last one is short by less than one input a block.
+            assert!(
+                d_in == 0 || d_in > (blocks - 1) * block + block - 2 * blocks,
+                "{d_in}"
+            );
+        }
+    }
+
     #[test]
     fn task_splits_cover_every_output_once() {
         for (rows, panels, threads) in [
@@ -1655,7 +1735,7 @@ mod tests {
         if rows == 0 || packed.d_out == 0 {
             return y;
         }
-        let strips = Strips::pack(kernel, packed.precision, x, rows, packed.d_in);
+        let strips = Strips::pack(kernel.reads_pairs(), packed.precision, x, rows, packed.d_in);
         with_rows!(&packed.panels, panel_rows => {
             let product = Product {
                 rows: panel_rows,

@@ -14,7 +14,9 @@
 
 use std::arch::aarch64::*;
 
-use super::{Element, HalfPass, PANEL, PanelRow, Start, Tile, for_each_input, store_scalar};
+use super::{
+    Element, HalfPass, PANEL, PanelRow, Start, Tile, Upcoming, for_each_input, store_scalar,
+};
 use crate::precision::WeightDtype;
 
 /// Rows one pass keeps in registers: `6 x 16` sums (half a panel) in 24 of the 32 vector
@@ -42,6 +44,7 @@ pub(super) unsafe fn tile_neon<E: Element>(tile: &Tile<'_, E>, strip: &[f32], he
         _ => {}
     }
     let halves = tile.columns.div_ceil(PANEL / 2);
+    let mut upcoming = Upcoming::over(tile, tile.weights.len());
     for first in (0..height).step_by(NEON_ROWS) {
         let rows = (height - first).min(NEON_ROWS);
         for half in 0..halves {
@@ -50,14 +53,15 @@ pub(super) unsafe fn tile_neon<E: Element>(tile: &Tile<'_, E>, strip: &[f32], he
                 first,
                 half,
             };
+            let upcoming = &mut upcoming;
             unsafe {
                 match rows {
-                    1 => half_pass::<1, E>(tile, strip, pass),
-                    2 => half_pass::<2, E>(tile, strip, pass),
-                    3 => half_pass::<3, E>(tile, strip, pass),
-                    4 => half_pass::<4, E>(tile, strip, pass),
-                    5 => half_pass::<5, E>(tile, strip, pass),
-                    _ => half_pass::<NEON_ROWS, E>(tile, strip, pass),
+                    1 => half_pass::<1, E>(tile, strip, pass, upcoming),
+                    2 => half_pass::<2, E>(tile, strip, pass, upcoming),
+                    3 => half_pass::<3, E>(tile, strip, pass, upcoming),
+                    4 => half_pass::<4, E>(tile, strip, pass, upcoming),
+                    5 => half_pass::<5, E>(tile, strip, pass, upcoming),
+                    _ => half_pass::<NEON_ROWS, E>(tile, strip, pass, upcoming),
                 }
             }
         }
@@ -94,14 +98,24 @@ unsafe fn whole_panel<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f
 }
 
 /// Rows `first..first + R`, one half panel, of a tile: `R x 16` sums in `4R` registers, one
-/// rank-1 update per input.
+/// rank-1 update per input; the passes after a tile's first ask for the task's next block, a
+/// few panel rows a pass, as the AVX2 passes do.
 ///
 /// # Safety
 /// As [`tile_neon`], with `first + R <= height`.
-unsafe fn half_pass<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f32], pass: HalfPass) {
+unsafe fn half_pass<'a, const R: usize, E: Element>(
+    tile: &Tile<'a, E>,
+    strip: &[f32],
+    pass: HalfPass,
+    upcoming: &mut Upcoming<'a, E>,
+) {
     // SAFETY: NEON is always present on aarch64.
     let mut sums = [[unsafe { vdupq_n_f32(0.0) }; HALF]; R];
+    let first_pass = (pass.first, pass.half) == (0, 0);
     for_each_input(tile.weights, strip, pass, |row, x: &[f32; R]| {
+        if !first_pass {
+            upcoming.step();
+        }
         let weights = widen_half(row, pass.half);
         for (sum, &x) in sums.iter_mut().zip(x) {
             for (s, w) in sum.iter_mut().zip(&weights) {
