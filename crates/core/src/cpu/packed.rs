@@ -49,8 +49,8 @@ use strips::{Strip, Strips, TILE_ROWS};
 
 /// Output columns per packed panel: two AVX-512 vectors.
 pub(crate) const PANEL: usize = 32;
-/// Fewest inputs a depth block takes (and the step its size is rounded down to): a panel's block
-/// (`256 x PANEL` f32 weights, 32 KiB) fits in L1 beside a strip's block.
+/// The smallest budget of inputs a depth block may take (and the step budgets are rounded down
+/// to): a panel's block (`256 x PANEL` f32 weights, 32 KiB) fits in L1 beside a strip's block.
 const MIN_DEPTH_BLOCK: usize = 256;
 /// Rows per block: their packed strips (`ROW_BLOCK x depth block` floats) stay in L2.
 const ROW_BLOCK: usize = 16 * TILE_ROWS;
@@ -873,11 +873,11 @@ const UPCOMING_SPACING: usize = 4;
 /// NEON; the first reads the tile's own block, from memory in a block's first tile), the one
 /// pass of an AVX-512 kernel. A tile whose share does not fit one pass goes on in the next.
 ///
-/// Without it the first tile of every panel block waited on memory for all of the block. With
-/// weights not in cache, two threads, 128 rows: AVX2 products 186-202 -> 204-221 GFLOP/s
-/// (MKL, same run: 182-210), AVX-512 311-349 -> 322-417; Llama-shaped AVX2 calls 17 % faster
-/// at 10 tokens, 7 % at 128 (with the depth blocks of [`depth_block`]). The bf16 pair kernel
-/// ran at the same speed with and without it.
+/// Without it the first tile of every panel block waited on memory for all of the block. Alone
+/// (depth blocks of 256), with weights not in cache, two threads, 128 rows, it took AVX2
+/// products from 186-202 to 196-221 GFLOP/s and Llama-shaped 128-token calls 5 % faster; with
+/// the depth blocks of [`depth_block`], see `BENCHMARKS.md`. The bf16 pair kernel ran at the
+/// same speed with and without it.
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 struct Upcoming<'a, E> {
     rows: std::slice::Iter<'a, PanelRow<E>>,
