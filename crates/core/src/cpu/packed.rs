@@ -889,11 +889,12 @@ struct Upcoming<'a, E> {
 
 #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
 impl<'a, E: Element> Upcoming<'a, E> {
-    /// `tile`'s requests, spread over `inputs` calls of [`Upcoming::step`].
-    fn over(tile: &Tile<'a, E>, inputs: usize) -> Self {
+    /// Requests for `rows` (a tile's [`Tile::upcoming`]), spread over `inputs` calls of
+    /// [`Upcoming::step`].
+    fn over(rows: &'a [PanelRow<E>], inputs: usize) -> Self {
         Upcoming {
-            rows: tile.upcoming.iter(),
-            every: (inputs / tile.upcoming.len().max(1)).max(UPCOMING_SPACING),
+            rows: rows.iter(),
+            every: (inputs / rows.len().max(1)).max(UPCOMING_SPACING),
             countdown: 0,
         }
     }
@@ -966,7 +967,7 @@ unsafe fn tile_avx512<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f
     use std::arch::x86_64::*;
     debug_assert_eq!(strip.len(), tile.weights.len() * R);
     let mut sums = [[_mm512_setzero_ps(); 2]; R];
-    let mut upcoming = Upcoming::over(tile, tile.weights.len());
+    let mut upcoming = Upcoming::over(tile.upcoming, tile.weights.len());
     for (row, x) in tile.weights.iter().zip(strip.as_chunks::<R>().0) {
         prefetch_ahead(row);
         upcoming.step();
@@ -1018,7 +1019,7 @@ unsafe fn tile_avx512_bf16<const R: usize, E: Element>(tile: &Tile<'_, E>, pairs
     };
     let mut rows = tile.weights.chunks_exact(2);
     let mut x = pairs.as_chunks::<R>().0.iter();
-    let mut upcoming = Upcoming::over(tile, rows.len());
+    let mut upcoming = Upcoming::over(tile.upcoming, rows.len());
     for (two, x) in rows.by_ref().zip(x.by_ref()) {
         prefetch_ahead(&two[0]);
         prefetch_ahead(&two[1]);
@@ -1107,7 +1108,7 @@ unsafe fn tile_avx2<E: Element>(tile: &Tile<'_, E>, strip: &[f32], height: usize
         _ => {}
     }
     let halves = tile.columns.div_ceil(PANEL / 2);
-    let mut upcoming = Upcoming::over(tile, tile.weights.len());
+    let mut upcoming = Upcoming::over(tile.upcoming, tile.weights.len());
     for first in (0..height).step_by(AVX2_ROWS) {
         let rows = (height - first).min(AVX2_ROWS);
         for half in 0..halves {
@@ -1172,6 +1173,15 @@ struct HalfPass {
     first: usize,
     /// Columns `16 * half..16 * half + 16` of the panel.
     half: usize,
+}
+
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+impl HalfPass {
+    /// Whether this is a tile's first pass, the one that reads the tile's block first (from
+    /// memory in a block's first tile); the later ones ask for the next block ([`Upcoming`]).
+    fn opens_tile(self) -> bool {
+        (self.first, self.half) == (0, 0)
+    }
 }
 
 /// Inputs [`for_each_input`] takes per loop iteration.
@@ -1246,7 +1256,7 @@ unsafe fn avx2_pass<'a, const R: usize, E: Element>(
             sum[1] = _mm256_fmadd_ps(x, high, sum[1]);
         }
     };
-    if (pass.first, pass.half) == (0, 0) {
+    if pass.opens_tile() {
         // The tile's first pass brings the block (both halves) into L1 for the others.
         for_each_input(tile.weights, strip, pass, |row, x| {
             prefetch_ahead(row);
@@ -1668,6 +1678,30 @@ mod tests {
                 "{d_in}"
             );
         }
+    }
+
+    /// A tile's share of the next block is asked for one panel row at a time, spread over one
+    /// pass's inputs, never closer than `UPCOMING_SPACING` inputs apart: a share too large for
+    /// one pass goes on in the next.
+    #[test]
+    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+    fn the_next_block_is_asked_for_spread_over_a_pass() {
+        let rows = vec![PanelRow([0.0_f32; PANEL]); 100];
+        let asked_after = |share: usize, steps: usize| {
+            let mut upcoming = Upcoming::over(&rows[..share], 256);
+            (0..steps).for_each(|_| upcoming.step());
+            share - upcoming.rows.len()
+        };
+        // 20 rows over 256 inputs: one every 12 inputs, the first at once.
+        assert_eq!(asked_after(20, 1), 1);
+        assert_eq!(asked_after(20, 12), 1);
+        assert_eq!(asked_after(20, 13), 2);
+        assert_eq!(asked_after(20, 229), 20);
+        assert_eq!(asked_after(20, 256), 20);
+        // 100 rows: one every `UPCOMING_SPACING` inputs, 64 in the first pass, all in the second.
+        assert_eq!(asked_after(100, 256), 256 / UPCOMING_SPACING);
+        assert_eq!(asked_after(100, 512), 100);
+        assert_eq!(asked_after(0, 256), 0);
     }
 
     #[test]

@@ -44,7 +44,7 @@ pub(super) unsafe fn tile_neon<E: Element>(tile: &Tile<'_, E>, strip: &[f32], he
         _ => {}
     }
     let halves = tile.columns.div_ceil(PANEL / 2);
-    let mut upcoming = Upcoming::over(tile, tile.weights.len());
+    let mut upcoming = Upcoming::over(tile.upcoming, tile.weights.len());
     for first in (0..height).step_by(NEON_ROWS) {
         let rows = (height - first).min(NEON_ROWS);
         for half in 0..halves {
@@ -111,9 +111,9 @@ unsafe fn half_pass<'a, const R: usize, E: Element>(
 ) {
     // SAFETY: NEON is always present on aarch64.
     let mut sums = [[unsafe { vdupq_n_f32(0.0) }; HALF]; R];
-    let first_pass = (pass.first, pass.half) == (0, 0);
+    let opens_tile = pass.opens_tile();
     for_each_input(tile.weights, strip, pass, |row, x: &[f32; R]| {
-        if !first_pass {
+        if !opens_tile {
             upcoming.step();
         }
         let weights = widen_half(row, pass.half);
