@@ -15,33 +15,28 @@
 //! many sites were faulted in anew at every call: saving every site of a 512-token GPT-2 call
 //! cost 1.8-2.0x a plain call, 1.47x with one arena (and plain calls were 5 % faster).
 //!
-//! And a trim keeps as much as the threshold allows. glibc trims the heap's top down to its pad
-//! (128 KiB by default) once it exceeds the threshold, so a call that saves more than the
-//! threshold (every site of a Llama-shaped 8 x 128-token call: over 1 GiB) gave all of it back when
-//! its values were dropped, and the next such call faulted it in again. With the pad at the
-//! threshold, five rounds of `hookscope bench` there (AVX2 kernels) took 0.64-0.71 million page
-//! faults instead of 1.1-2.1 million and the calls saving every site 1.55-1.72 s instead of
-//! 1.67-2.49 (plain calls, decode and the peak resident size unchanged). The memory kept is the
-//! same bound as before (the threshold), now also after a trim.
+//! And the heap is never trimmed. With a trim threshold (1 GiB until 2026-12-04) glibc trimmed
+//! the heap's top down to its pad (128 KiB) once it exceeded the threshold, so a call saving
+//! more than that gave all of it back when its values were dropped, and the next such call
+//! faulted it in again: a Llama-shaped 8 x 512-token call saving every site (6-7 GB of values)
+//! took 12.6-15.0 s against 3.7-4.2 s for a plain call, a quarter of the CPU time zeroing fresh
+//! pages in the kernel; never trimmed, 5.1-5.2 s (page faults of the whole run 6.3 M -> 1.9 M,
+//! the peak resident size the same). The price is that the process keeps the memory of its
+//! largest call until it exits.
 
 /// Allocations served by a mapping of their own: none (every block comes from the heap).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 const MMAP_MAX: libc::c_int = 0;
 
-/// Arenas glibc may create: one, the main arena, which keeps freed memory up to the trim
-/// threshold (other arenas unmap heaps that become free).
+/// Arenas glibc may create: one, the main arena, which keeps freed memory as the trim threshold
+/// says (other arenas unmap heaps that become free).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
 const ARENA_MAX: libc::c_int = 1;
 
-/// Free memory at the top of the heap kept before any is returned to the OS.
+/// Free memory at the top of the heap kept before any is returned to the OS: no limit (glibc
+/// documents -1 as turning trimming off).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
-const TRIM_THRESHOLD: libc::c_int = 1 << 30;
-
-/// Free memory kept at the top of the heap when it is trimmed, and asked for beyond each growth
-/// (address space only until touched): the trim threshold, so a trim keeps what the threshold
-/// allows.
-#[cfg(all(target_os = "linux", target_env = "gnu"))]
-const TOP_PAD: libc::c_int = TRIM_THRESHOLD;
+const TRIM_THRESHOLD: libc::c_int = -1;
 
 /// Tells the C allocator to keep freed memory for reuse instead of returning it to the OS, and
 /// returns whether the setting was applied (only glibc is tuned; elsewhere this does nothing).
@@ -50,11 +45,10 @@ pub fn keep_freed_memory() -> bool {
     #[cfg(all(target_os = "linux", target_env = "gnu"))]
     {
         // SAFETY: `mallopt` only changes glibc's allocation thresholds; every value is within
-        // its documented range, and it takes the allocator's own lock.
+        // its documented range (-1 included), and it takes the allocator's own lock.
         unsafe {
             libc::mallopt(libc::M_MMAP_MAX, MMAP_MAX) == 1
                 && libc::mallopt(libc::M_TRIM_THRESHOLD, TRIM_THRESHOLD) == 1
-                && libc::mallopt(libc::M_TOP_PAD, TOP_PAD) == 1
                 && libc::mallopt(libc::M_ARENA_MAX, ARENA_MAX) == 1
         }
     }
