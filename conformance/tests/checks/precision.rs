@@ -175,16 +175,19 @@ fn half_precision_weights_compute_what_f32_computes_on_the_rounded_weights() {
 /// reaches 3.8e-2.
 const BF16_PRODUCTS_TOLERANCE: f32 = 1.0 / 16.0;
 
-/// The prompt call's logits for the fixture's first prompt.
-fn prompt_logits(model: &Model, fixture: &Path) -> Vec<f32> {
+/// The prompt call's logits for the fixture's first prompt, in a batch of `copies` of it (the
+/// first copy's).
+fn prompt_logits(model: &Model, fixture: &Path, copies: usize) -> Vec<f32> {
     let prompt = Reference::open(fixture).unwrap().prompts.prompts[0].clone();
-    let batch = model.batch(vec![prompt]).unwrap();
+    let batch = model.batch(vec![prompt; copies]).unwrap();
     let requests = Interventions::new().save(Site::Logits, Steps::All);
     let run = Run::new()
         .interventions(&requests)
         .stop_after_last_request();
     let saved = model.trace(&batch, run).unwrap().saved;
-    values(saved.get(Site::Logits, 0).unwrap())
+    let mut logits = values(saved.get(Site::Logits, 0).unwrap());
+    logits.truncate(logits.len() / copies);
+    logits
 }
 
 /// Root-mean-square difference.
@@ -196,7 +199,9 @@ fn rms_diff(a: &[f32], b: &[f32]) -> f64 {
 /// On every fixture: bf16 products change the logits (the kernel ran), by at most the stated
 /// tolerance, and by no more (root mean square) than transformers' bf16 run differs from the
 /// exact logits on the same weights (it rounds every activation, not only a product's input:
-/// about twice hookscope's error on every fixture).
+/// about twice hookscope's error on every fixture). The prompt alone (7-10 rows a product) and
+/// in a batch of three copies (21-30 rows: AMX tiles, where the CPU has them, take products of
+/// 16 rows or more).
 #[test]
 fn bf16_products_stay_closer_to_exact_logits_than_transformers_in_bf16() {
     let mut checked = 0;
@@ -209,27 +214,30 @@ fn bf16_products_stay_closer_to_exact_logits_than_transformers_in_bf16() {
             "{name}: no reference-bf16.safetensors (make_fixtures.py --bf16-references)"
         );
         let torch_bf16 = stored_values(&torch_bf16, "logits");
-        let exact = prompt_logits(&load(&fixture, WeightDtype::Bf16), &fixture);
-        let fast = load_with(&fixture, WeightDtype::Bf16, MatmulPrecision::Bf16);
-        assert_eq!(fast.load_report().matmul_precision, MatmulPrecision::Bf16);
-        let fast = prompt_logits(&fast, &fixture);
+        let exact = prompt_logits(&load(&fixture, WeightDtype::Bf16), &fixture, 1);
+        let model = load_with(&fixture, WeightDtype::Bf16, MatmulPrecision::Bf16);
+        assert_eq!(model.load_report().matmul_precision, MatmulPrecision::Bf16);
         assert_eq!(torch_bf16.len(), exact.len(), "{name}: reference shape");
         let scale = exact.iter().fold(1.0f32, |m, v| m.max(v.abs()));
-        let largest = max_diff(&fast, &exact);
-        let (ours, theirs) = (rms_diff(&fast, &exact), rms_diff(&torch_bf16, &exact));
-        eprintln!(
-            "{name}: bf16 products max {largest:.2e} (of {scale:.2}), rms {ours:.2e}; \
-             transformers bf16 rms {theirs:.2e}"
-        );
-        if largest == 0.0 {
-            problems.push(format!("{name}: bf16 products changed nothing"));
-        }
-        if largest > BF16_PRODUCTS_TOLERANCE * scale || ours > theirs {
-            problems.push(format!(
-                "{name}: bf16 products differ from exact by up to {largest:.3e} (tolerance \
-                 {:.3e}), rms {ours:.3e}; transformers bf16 rms {theirs:.3e}",
-                BF16_PRODUCTS_TOLERANCE * scale
-            ));
+        let theirs = rms_diff(&torch_bf16, &exact);
+        for copies in [1, 3] {
+            let fast = prompt_logits(&model, &fixture, copies);
+            let largest = max_diff(&fast, &exact);
+            let ours = rms_diff(&fast, &exact);
+            eprintln!(
+                "{name} x {copies}: bf16 products max {largest:.2e} (of {scale:.2}), rms \
+                 {ours:.2e}; transformers bf16 rms {theirs:.2e}"
+            );
+            if largest == 0.0 {
+                problems.push(format!("{name} x {copies}: bf16 products changed nothing"));
+            }
+            if largest > BF16_PRODUCTS_TOLERANCE * scale || ours > theirs {
+                problems.push(format!(
+                    "{name} x {copies}: bf16 products differ from exact by up to {largest:.3e} \
+                     (tolerance {:.3e}), rms {ours:.3e}; transformers bf16 rms {theirs:.3e}",
+                    BF16_PRODUCTS_TOLERANCE * scale
+                ));
+            }
         }
         checked += 1;
     }

@@ -4,11 +4,12 @@
 //! compiled once per vector level (attention, the selective scan, element-wise functions, the
 //! softmax) ask [`vector_level`], most through [`per_vector_level`].
 
-/// The environment variable that caps the CPU kernels' instruction-set family (the packed products and the
-/// attention kernels): `portable`,
-/// `neon`, `avx2` or `avx512` (unset: the best this CPU has). A family the CPU lacks falls back
-/// to the best it has below it, so that `HOOKSCOPE_CPU_KERNELS=avx2` on an AVX-512 machine runs,
-/// and tests, the AVX2 kernels (and `portable` on aarch64 the portable ones).
+/// The environment variable that caps the CPU kernels' instruction-set family (the packed
+/// products and the attention kernels): `portable`, `neon`, `avx2`, `avx512` or `amx` (unset:
+/// the best this CPU has). A family the CPU lacks falls back to the best it has below it, so
+/// that `HOOKSCOPE_CPU_KERNELS=avx2` on an AVX-512 machine runs, and tests, the AVX2 kernels
+/// (and `portable` on aarch64 the portable ones); `avx512` leaves out the AMX tiles, which only
+/// bf16 products use.
 pub const KERNELS_VARIABLE: &str = "HOOKSCOPE_CPU_KERNELS";
 
 /// The instruction-set families of the CPU kernels, in order of capability.
@@ -18,18 +19,21 @@ pub(crate) enum Family {
     Neon,
     Avx2,
     Avx512,
+    /// AVX-512 and Intel's AMX tiles.
+    Amx,
 }
 
 /// The family a value of [`KERNELS_VARIABLE`] caps the kernels at (`None`: unset); an unknown
 /// value is an error naming the variable and the choices.
 fn parse_family(value: Option<&str>) -> Result<Family, String> {
     match value.map(str::trim) {
-        None | Some("") | Some("avx512") => Ok(Family::Avx512),
+        None | Some("") | Some("amx") => Ok(Family::Amx),
+        Some("avx512") => Ok(Family::Avx512),
         Some("avx2") => Ok(Family::Avx2),
         Some("neon") => Ok(Family::Neon),
         Some("portable") => Ok(Family::Portable),
         Some(other) => Err(format!(
-            "{KERNELS_VARIABLE}={other}: expected portable, neon, avx2 or avx512"
+            "{KERNELS_VARIABLE}={other}: expected portable, neon, avx2, avx512 or amx"
         )),
     }
 }
@@ -66,7 +70,7 @@ pub(crate) fn vector_level() -> VectorLevel {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
-            let cap = kernel_cap().clone().unwrap_or(Family::Avx512);
+            let cap = kernel_cap().clone().unwrap_or(Family::Amx);
             if cap >= Family::Avx512 && has!("avx512f") && has!("avx512vl") && has!("fma") {
                 return VectorLevel::Avx512;
             }
@@ -144,13 +148,14 @@ mod tests {
 
     #[test]
     fn the_kernel_variable_caps_the_family_and_refuses_typos() {
-        assert_eq!(parse_family(None), Ok(Family::Avx512));
+        assert_eq!(parse_family(None), Ok(Family::Amx));
+        assert_eq!(parse_family(Some("avx512")), Ok(Family::Avx512));
         assert_eq!(parse_family(Some("avx2")), Ok(Family::Avx2));
         assert_eq!(parse_family(Some(" portable ")), Ok(Family::Portable));
         assert_eq!(parse_family(Some("neon")), Ok(Family::Neon));
         let error = parse_family(Some("avx-2")).unwrap_err();
         assert!(error.contains("HOOKSCOPE_CPU_KERNELS=avx-2"), "{error}");
         assert!(Family::Portable < Family::Neon && Family::Neon < Family::Avx2);
-        assert!(Family::Avx2 < Family::Avx512);
+        assert!(Family::Avx2 < Family::Avx512 && Family::Avx512 < Family::Amx);
     }
 }

@@ -26,8 +26,10 @@
 //! With [`MatmulPrecision::Bf16`] the activations are rounded to bf16 as they are packed into
 //! strips. On a CPU with AVX-512 BF16 a bf16 weight's product then runs on `vdpbf16ps`, which
 //! takes two inputs per instruction and lane: strips hold bf16 pairs (inputs `2i`, `2i + 1`)
-//! and the kernel interleaves two panel rows into the same pairs. Elsewhere the rounded
-//! activations go through the f32 kernels, which compute the same exact products.
+//! and the kernel interleaves two panel rows into the same pairs. On a CPU with AMX, products
+//! of [`amx::MIN_ROWS`] rows or more run on its tiles instead (`amx`), 32 x 32 outputs a step,
+//! and fewer on the AVX-512 f32 kernel (faster than `vdpbf16ps` on these CPUs). Elsewhere the
+//! rounded activations go through the f32 kernels, which compute the same exact products.
 
 use std::ops::Range;
 use std::sync::OnceLock;
@@ -41,11 +43,13 @@ use super::caches;
 use super::isa::{Family, kernel_cap};
 use crate::precision::{MatmulPrecision, WeightDtype};
 
+#[cfg(target_arch = "x86_64")]
+mod amx;
 #[cfg(target_arch = "aarch64")]
 mod neon;
 mod strips;
 
-use strips::{Strip, Strips, TILE_ROWS};
+use strips::{Layout, Strip, Strips, TILE_ROWS};
 
 /// Output columns per packed panel: two AVX-512 vectors.
 pub(crate) const PANEL: usize = 32;
@@ -362,9 +366,14 @@ impl PackedMatrix {
             .iter_mut()
             .map(|y| OutputPtr(y.as_mut_ptr()))
             .collect();
-        let kernel = Kernel::detect(self.precision, E::DTYPE);
-        let strips = Strips::pack(kernel.reads_pairs(), self.precision, x, rows, d_in);
-        let split = TaskSplit::new(rows, panels, rayon::current_num_threads());
+        let kernel = Kernel::detect(self.precision, E::DTYPE, rows);
+        let strips = Strips::pack(kernel.layout(), self.precision, x, rows, d_in);
+        let split = TaskSplit::new(
+            rows,
+            panels,
+            rayon::current_num_threads(),
+            kernel.strip_rows(),
+        );
         (0..split.tasks()).into_par_iter().for_each(|task| {
             let (my_rows, mine) = split.task(task);
             for ((part, &output), own) in parts.iter().zip(&pointers).zip(&own_panels) {
@@ -422,7 +431,8 @@ impl<'a, E: Element> Part<'a, E> {
 }
 
 /// How a product's outputs are split into about [`TASKS_PER_THREAD`] tasks a thread: a grid of
-/// `row_groups x panel_groups` rectangles.
+/// `row_groups x panel_groups` rectangles, each task's rows whole strips (of the kernel's
+/// [`Kernel::strip_rows`]) but the last.
 ///
 /// Each task reads all its rows' activation strips, and all its panels once per row block.
 /// Columns alone are split while the rows fit one [`ROW_BLOCK`]; past it the rows are split as
@@ -432,6 +442,7 @@ impl<'a, E: Element> Part<'a, E> {
 struct TaskSplit {
     rows: usize,
     panels: usize,
+    strip_rows: usize,
     row_groups: usize,
     panel_groups: usize,
 }
@@ -440,10 +451,11 @@ struct TaskSplit {
 const MIN_TASK_PANELS: usize = 8;
 
 impl TaskSplit {
-    /// The split of `rows x panels` outputs for `threads` threads.
-    fn new(rows: usize, panels: usize, threads: usize) -> Self {
+    /// The split of `rows x panels` outputs for `threads` threads, rows in strips of
+    /// `strip_rows`.
+    fn new(rows: usize, panels: usize, threads: usize, strip_rows: usize) -> Self {
         let target = (TASKS_PER_THREAD * threads).max(1);
-        let strips = rows.div_ceil(TILE_ROWS);
+        let strips = rows.div_ceil(strip_rows);
         let row_groups = if rows <= ROW_BLOCK {
             1
         } else {
@@ -454,6 +466,7 @@ impl TaskSplit {
         TaskSplit {
             rows,
             panels,
+            strip_rows,
             row_groups,
             panel_groups,
         }
@@ -467,8 +480,8 @@ impl TaskSplit {
     /// Task `task`'s rows (whole strips but the last) and panels.
     fn task(&self, task: usize) -> (Range<usize>, Range<usize>) {
         let (row_group, panel_group) = (task / self.panel_groups, task % self.panel_groups);
-        let strips = self.rows.div_ceil(TILE_ROWS);
-        let strip_range = |group: usize| group * strips / self.row_groups * TILE_ROWS;
+        let strips = self.rows.div_ceil(self.strip_rows);
+        let strip_range = |group: usize| group * strips / self.row_groups * self.strip_rows;
         let rows = strip_range(row_group)..strip_range(row_group + 1).min(self.rows);
         let panels = panel_group * self.panels / self.panel_groups
             ..(panel_group + 1) * self.panels / self.panel_groups;
@@ -615,9 +628,37 @@ impl<'a, E: Element> Product<'a, E> {
         &self.rows[panel * self.panel_depth + self.first_input + depth_start..][..depth]
     }
 
+    /// The block a task computing `panels` reads after `panel`'s block of inputs `depths`
+    /// (from a depth block's start, one depth block long): the next panel's; past the last, the
+    /// first panel's again for the task's next row block (if `rows_follow`), else for the next
+    /// depth block; none after the last.
+    fn next_block(
+        &self,
+        panel: usize,
+        panels: &Range<usize>,
+        rows_follow: bool,
+        depths: Range<usize>,
+    ) -> &'a [PanelRow<E>] {
+        let (depth_start, depth_block) = (depths.start, depths.len());
+        match (panel + 1 < panels.end, rows_follow) {
+            (true, _) => self.block(panel + 1, depth_start, depth_block),
+            (false, true) => self.block(panels.start, depth_start, depth_block),
+            (false, false) if depth_start + depth_block < self.d_in => {
+                self.block(panels.start, depth_start + depth_block, depth_block)
+            }
+            (false, false) => &[],
+        }
+    }
+
     /// Computes the outputs of rows `row_range` (starting on a strip) in the columns of
     /// `panels`.
     fn panels(&self, row_range: Range<usize>, panels: Range<usize>) {
+        #[cfg(target_arch = "x86_64")]
+        if let Strips::Bf16Rows(activations) = self.strips {
+            // SAFETY: `Kernel::detect` picks the AMX kernel, the one that reads whole bf16
+            // rows, for bf16 weights where `amx::available`.
+            return unsafe { amx::panels(self, activations, row_range, panels) };
+        }
         let (d_in, d_out, rows) = (self.d_in, self.d_out, self.x_rows);
         let depth_block = depth_block(d_in, rows);
         let per_unit = self.strips.inputs_per_unit();
@@ -636,14 +677,12 @@ impl<'a, E: Element> Product<'a, E> {
                         .bias
                         .map(|bias| &bias[first_column..first_column + columns]);
                     // The block the task reads next, a share of it for each strip's tile.
-                    let next = match (panel + 1 < panels.end, row_end < row_range.end) {
-                        (true, _) => self.block(panel + 1, depth_start, depth_block),
-                        (false, true) => self.block(panels.start, depth_start, depth_block),
-                        (false, false) if depth_start + depth_block < d_in => {
-                            self.block(panels.start, depth_start + depth_block, depth_block)
-                        }
-                        (false, false) => &[],
-                    };
+                    let next = self.next_block(
+                        panel,
+                        &panels,
+                        row_end < row_range.end,
+                        depth_start..depth_start + depth_block,
+                    );
                     let strips = (row_end - row_start).div_ceil(TILE_ROWS);
                     let mut shares = next.chunks(next.len().div_ceil(strips).max(1));
                     for strip_start in (row_start..row_end).step_by(TILE_ROWS) {
@@ -703,6 +742,9 @@ struct Tile<'a, E> {
 /// The kernels this CPU runs, chosen once per call.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kernel {
+    /// bf16 rows times bf16 weights on AMX tiles (`amx`).
+    #[cfg(target_arch = "x86_64")]
+    Amx,
     /// bf16 pairs times bf16 weights on `vdpbf16ps`.
     #[cfg(target_arch = "x86_64")]
     Avx512Bf16,
@@ -718,14 +760,25 @@ enum Kernel {
 }
 
 impl Kernel {
-    /// The fastest kernel for activations in `precision` and weights stored in `dtype`, within
-    /// the family [`KERNELS_VARIABLE`](super::isa::KERNELS_VARIABLE) allows.
-    fn detect(precision: MatmulPrecision, dtype: WeightDtype) -> Self {
+    /// The fastest kernel for `rows` activation rows in `precision` and weights stored in
+    /// `dtype`, within the family [`KERNELS_VARIABLE`](super::isa::KERNELS_VARIABLE) allows.
+    fn detect(precision: MatmulPrecision, dtype: WeightDtype, rows: usize) -> Self {
         #[cfg(target_arch = "x86_64")]
         {
             use std::arch::is_x86_feature_detected as has;
-            let cap = kernel_cap().clone().unwrap_or(Family::Avx512);
-            if (precision, dtype) == (MatmulPrecision::Bf16, WeightDtype::Bf16)
+            let cap = kernel_cap().clone().unwrap_or(Family::Amx);
+            let bf16_products = (precision, dtype) == (MatmulPrecision::Bf16, WeightDtype::Bf16);
+            // On Intel's CPUs with AMX the pair kernel is slower than the f32 one on rounded
+            // activations: a Llama-shaped 10-token call 19.6-20.3 ms against 18.5-19.0, 32
+            // decode steps 377-389 against 368-371.
+            if bf16_products && cap >= Family::Amx && amx::available() {
+                return if rows >= amx::MIN_ROWS {
+                    Kernel::Amx
+                } else {
+                    Kernel::Avx512
+                };
+            }
+            if bf16_products
                 && cap >= Family::Avx512
                 && has!("avx512f")
                 && has!("avx512bw")
@@ -740,11 +793,11 @@ impl Kernel {
                 return Kernel::Avx2;
             }
         }
-        // Only x86's bf16 pair kernel depends on the operands' precisions.
+        // Only x86's bf16 kernels depend on the operands' precisions and the rows.
         #[cfg(not(target_arch = "x86_64"))]
-        let _ = (precision, dtype);
+        let _ = (precision, dtype, rows);
         #[cfg(target_arch = "aarch64")]
-        if kernel_cap().clone().unwrap_or(Family::Avx512) >= Family::Neon {
+        if kernel_cap().clone().unwrap_or(Family::Amx) >= Family::Neon {
             return Kernel::Neon;
         }
         Kernel::Portable
@@ -753,6 +806,8 @@ impl Kernel {
     /// The instruction-set family of the kernel, as reports name it.
     fn family(self) -> &'static str {
         match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Amx => "amx",
             #[cfg(target_arch = "x86_64")]
             Kernel::Avx512Bf16 => "avx512-bf16",
             #[cfg(target_arch = "x86_64")]
@@ -765,12 +820,23 @@ impl Kernel {
         }
     }
 
-    /// Whether the kernel reads bf16 pairs (else f32 strips).
-    fn reads_pairs(self) -> bool {
+    /// How the kernel reads the activations.
+    fn layout(self) -> Layout {
         match self {
             #[cfg(target_arch = "x86_64")]
-            Kernel::Avx512Bf16 => true,
-            _ => false,
+            Kernel::Amx => Layout::Bf16Rows,
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Avx512Bf16 => Layout::Bf16Pairs,
+            _ => Layout::F32,
+        }
+    }
+
+    /// The rows the kernel computes together: a task's rows are whole strips of them.
+    fn strip_rows(self) -> usize {
+        match self {
+            #[cfg(target_arch = "x86_64")]
+            Kernel::Amx => strips::STEP_ROWS,
+            _ => TILE_ROWS,
         }
     }
 
@@ -811,16 +877,24 @@ impl Kernel {
             #[cfg(target_arch = "aarch64")]
             (Kernel::Neon, Strip::F32(x)) => unsafe { neon::tile_neon(tile, x, height) },
             (Kernel::Portable, Strip::F32(x)) => by_height!(tile_portable, x),
+            // Only x86 has strips other than f32.
+            #[cfg(target_arch = "x86_64")]
             (kernel, _) => unreachable!("`Strips::pack` packs what {kernel:?} reads"),
         }
     }
 }
 
-/// The kernel family that runs products of weights stored in `dtype` with activations in
-/// `precision` on this CPU: `avx512-bf16`, `avx512`, `avx2`, `neon` or `portable` (what
+/// The kernel families that run products of weights stored in `dtype` with activations in
+/// `precision` on this CPU: `amx`, `avx512-bf16`, `avx512`, `avx2`, `neon` or `portable`, or
+/// one for prompt calls and one for fewer rows, as `amx from 16 rows, avx512-bf16` (what
 /// benchmark reports name).
-pub fn product_kernels(precision: MatmulPrecision, dtype: WeightDtype) -> &'static str {
-    Kernel::detect(precision, dtype).family()
+pub fn product_kernels(precision: MatmulPrecision, dtype: WeightDtype) -> String {
+    let fewest = Kernel::detect(precision, dtype, 1);
+    #[cfg(target_arch = "x86_64")]
+    if let Kernel::Amx = Kernel::detect(precision, dtype, amx::MIN_ROWS) {
+        return format!("amx from {} rows, {}", amx::MIN_ROWS, fewest.family());
+    }
+    fewest.family().to_string()
 }
 
 /// A panel row's 32 weights widened to f32: columns 0..16 and 16..32.
@@ -998,18 +1072,11 @@ unsafe fn tile_avx512_bf16<const R: usize, E: Element>(tile: &Tile<'_, E>, pairs
     use std::arch::x86_64::*;
     debug_assert_eq!(E::DTYPE, WeightDtype::Bf16);
     debug_assert_eq!(pairs.len(), tile.weights.len().div_ceil(2) * R);
-    // The high 16-bit half of every 32-bit lane.
-    const HIGH_HALVES: __mmask32 = 0xaaaa_aaaa;
-    let load = |row: &PanelRow<E>| {
-        // SAFETY: a bf16 panel row is 64 bytes, 64-byte aligned.
-        unsafe { _mm512_load_si512(row.0.as_ptr().cast()) }
-    };
     // SAFETY: both are 512-bit vectors; `__m512bh` is 32 bf16 values, any bits.
     let as_bf16 = |v: __m512i| unsafe { std::mem::transmute::<__m512i, __m512bh>(v) };
     let mut sums = [[_mm512_setzero_ps(); 2]; R];
     let mut step = |even: __m512i, odd: __m512i, x: &[u32; R]| {
-        let low = _mm512_mask_blend_epi16(HIGH_HALVES, even, _mm512_slli_epi32::<16>(odd));
-        let high = _mm512_mask_blend_epi16(HIGH_HALVES, _mm512_srli_epi32::<16>(even), odd);
+        let [low, high] = interleave_pairs(even, odd);
         let (low, high) = (as_bf16(low), as_bf16(high));
         for (sum, &x) in sums.iter_mut().zip(x) {
             let x = as_bf16(_mm512_set1_epi32(x as i32));
@@ -1024,13 +1091,43 @@ unsafe fn tile_avx512_bf16<const R: usize, E: Element>(tile: &Tile<'_, E>, pairs
         prefetch_ahead(&two[0]);
         prefetch_ahead(&two[1]);
         upcoming.step();
-        step(load(&two[0]), load(&two[1]), x);
+        step(load_bf16_row(&two[0]), load_bf16_row(&two[1]), x);
     }
     if let ([last], Some(x)) = (rows.remainder(), x.next()) {
-        step(load(last), _mm512_setzero_si512(), x);
+        step(load_bf16_row(last), _mm512_setzero_si512(), x);
     }
     // SAFETY: the caller's contract.
     unsafe { store_avx512(sums, tile) }
+}
+
+/// A bf16 panel row's 64 bytes (the first 64 of any panel row).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[inline]
+fn load_bf16_row<E: Element>(row: &PanelRow<E>) -> std::arch::x86_64::__m512i {
+    debug_assert_eq!(E::DTYPE, WeightDtype::Bf16);
+    // SAFETY: every panel row is at least 64 bytes, 64-byte aligned.
+    unsafe { std::arch::x86_64::_mm512_load_si512(row.0.as_ptr().cast()) }
+}
+
+/// Two consecutive bf16 panel rows (inputs `2i` and `2i + 1`, lane `j` holding columns `j` and
+/// `16 + j`: `Element::slot`) as input pairs: lane `j` of the first vector is
+/// `(w[2i][j], w[2i + 1][j])`, of the second the same for column `16 + j` (what `vdpbf16ps`
+/// and AMX's `tdpbf16ps` multiply). One shift and one blend a vector.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw")]
+#[inline]
+fn interleave_pairs(
+    even: std::arch::x86_64::__m512i,
+    odd: std::arch::x86_64::__m512i,
+) -> [std::arch::x86_64::__m512i; 2] {
+    use std::arch::x86_64::*;
+    // The high 16-bit half of every 32-bit lane.
+    const HIGH_HALVES: __mmask32 = 0xaaaa_aaaa;
+    [
+        _mm512_mask_blend_epi16(HIGH_HALVES, even, _mm512_slli_epi32::<16>(odd)),
+        _mm512_mask_blend_epi16(HIGH_HALVES, _mm512_srli_epi32::<16>(even), odd),
+    ]
 }
 
 /// Adds a tile's sums to its start (bias, zero or the partial sums) and stores them. Always
@@ -1047,32 +1144,55 @@ unsafe fn store_avx512<const R: usize, E: Element>(
     sums: [[std::arch::x86_64::__m512; 2]; R],
     tile: &Tile<'_, E>,
 ) {
-    use std::arch::x86_64::*;
-    let low_mask: __mmask16 = lane_mask(tile.columns.min(16));
-    let high_mask: __mmask16 = lane_mask(tile.columns.saturating_sub(16));
-    for (r, sum) in sums.iter().enumerate() {
-        // SAFETY: masked loads and stores touch only the tile's `columns` floats of row `r`;
-        // the high half's address is formed with `wrapping_add` since it may lie past them.
+    for (r, &sum) in sums.iter().enumerate() {
+        // SAFETY: the caller's contract, for row `r`.
         unsafe {
-            let out = tile.output.add(r * tile.stride);
-            let (base_low, base_high) = match tile.start {
-                Start::Bias(None) => (_mm512_setzero_ps(), _mm512_setzero_ps()),
-                Start::Bias(Some(bias)) => (
-                    _mm512_maskz_loadu_ps(low_mask, bias.as_ptr()),
-                    _mm512_maskz_loadu_ps(high_mask, bias.as_ptr().wrapping_add(16)),
-                ),
-                Start::Accumulate => (
-                    _mm512_maskz_loadu_ps(low_mask, out),
-                    _mm512_maskz_loadu_ps(high_mask, out.wrapping_add(16)),
-                ),
-            };
-            _mm512_mask_storeu_ps(out, low_mask, _mm512_add_ps(sum[0], base_low));
-            _mm512_mask_storeu_ps(
-                out.wrapping_add(16),
-                high_mask,
-                _mm512_add_ps(sum[1], base_high),
-            );
+            store_row_avx512(
+                sum,
+                tile.output.add(r * tile.stride),
+                tile.columns,
+                tile.start,
+            )
         }
+    }
+}
+
+/// Adds one output row's sums (`columns` of them, at most 32) to its start (bias, zero or the
+/// partial sums at `out`) and stores them at `out`.
+///
+/// # Safety
+/// The CPU must have AVX-512F, and `out` must address `columns` writable floats.
+#[cfg(target_arch = "x86_64")]
+#[inline(always)]
+unsafe fn store_row_avx512(
+    sum: [std::arch::x86_64::__m512; 2],
+    out: *mut f32,
+    columns: usize,
+    start: Start<'_>,
+) {
+    use std::arch::x86_64::*;
+    let low_mask: __mmask16 = lane_mask(columns.min(16));
+    let high_mask: __mmask16 = lane_mask(columns.saturating_sub(16));
+    // SAFETY: masked loads and stores touch only the row's `columns` floats; the high half's
+    // address is formed with `wrapping_add` since it may lie past them.
+    unsafe {
+        let (base_low, base_high) = match start {
+            Start::Bias(None) => (_mm512_setzero_ps(), _mm512_setzero_ps()),
+            Start::Bias(Some(bias)) => (
+                _mm512_maskz_loadu_ps(low_mask, bias.as_ptr()),
+                _mm512_maskz_loadu_ps(high_mask, bias.as_ptr().wrapping_add(16)),
+            ),
+            Start::Accumulate => (
+                _mm512_maskz_loadu_ps(low_mask, out),
+                _mm512_maskz_loadu_ps(high_mask, out.wrapping_add(16)),
+            ),
+        };
+        _mm512_mask_storeu_ps(out, low_mask, _mm512_add_ps(sum[0], base_low));
+        _mm512_mask_storeu_ps(
+            out.wrapping_add(16),
+            high_mask,
+            _mm512_add_ps(sum[1], base_high),
+        );
     }
 }
 
@@ -1504,12 +1624,12 @@ mod tests {
 
     /// With bf16 products, every kernel this CPU has computes the products of the bf16-rounded
     /// activations and weights, on the same odd sizes (odd input counts leave a lone last
-    /// input for the pair kernel, in the last input block of several).
+    /// input for the pair kernel, in the last input block of several; AMX tiles get partial
+    /// row tiles, row blocks and depth blocks).
     #[test]
     fn bf16_products_match_a_reference_on_rounded_activations() {
         let bf16 = |v: f32| half::bf16::from_f32(v).to_f32();
-        let best = Kernel::detect(MatmulPrecision::Bf16, WeightDtype::Bf16);
-        let kernels = std::iter::once(best).chain(f32_kernels_here());
+        let kernels = bf16_kernels_here().chain(f32_kernels_here());
         for (rows, d_in, d_out) in odd_shapes() {
             let x = matrix(rows * d_in, 5);
             let w = matrix(d_in * d_out, 6);
@@ -1706,7 +1826,7 @@ mod tests {
 
     #[test]
     fn task_splits_cover_every_output_once() {
-        for (rows, panels, threads) in [
+        for ((rows, panels, threads), strip_rows) in [
             (1, 1, 1),
             (10, 96, 2),
             (ROW_BLOCK, 3, 2),
@@ -1715,12 +1835,19 @@ mod tests {
             (512, 72, 16),
             (2049, 5, 3),
             (37, 200, 64),
-        ] {
-            let split = TaskSplit::new(rows, panels, threads);
+        ]
+        .into_iter()
+        .flat_map(|plan| [TILE_ROWS, 32].map(|strip_rows| (plan, strip_rows)))
+        {
+            let split = TaskSplit::new(rows, panels, threads, strip_rows);
             let mut seen = vec![0u8; rows * panels];
             for task in 0..split.tasks() {
                 let (task_rows, task_panels) = split.task(task);
-                assert_eq!(task_rows.start % TILE_ROWS, 0, "{rows} rows: {task_rows:?}");
+                assert_eq!(
+                    task_rows.start % strip_rows,
+                    0,
+                    "{rows} rows: {task_rows:?}"
+                );
                 if split.row_groups > 1 {
                     assert!(task_panels.len() >= MIN_TASK_PANELS.min(panels));
                 }
@@ -1735,6 +1862,26 @@ mod tests {
                 "{rows} x {panels} on {threads}"
             );
         }
+    }
+
+    /// Every kernel of bf16 products this CPU can run (none but on x86).
+    fn bf16_kernels_here() -> impl Iterator<Item = Kernel> + Clone {
+        #[cfg(target_arch = "x86_64")]
+        let kernels = {
+            use std::arch::is_x86_feature_detected as has;
+            [
+                (Kernel::Amx, amx::available()),
+                (
+                    Kernel::Avx512Bf16,
+                    has!("avx512f") && has!("avx512bw") && has!("avx512bf16"),
+                ),
+            ]
+        };
+        #[cfg(not(target_arch = "x86_64"))]
+        let kernels: [(Kernel, bool); 0] = [];
+        kernels
+            .into_iter()
+            .filter_map(|(kernel, runs)| runs.then_some(kernel))
     }
 
     /// Every kernel of f32 strips this CPU can run, the portable one included.
@@ -1769,7 +1916,7 @@ mod tests {
         if rows == 0 || packed.d_out == 0 {
             return y;
         }
-        let strips = Strips::pack(kernel.reads_pairs(), packed.precision, x, rows, packed.d_in);
+        let strips = Strips::pack(kernel.layout(), packed.precision, x, rows, packed.d_in);
         with_rows!(&packed.panels, panel_rows => {
             let product = Product {
                 rows: panel_rows,
