@@ -476,7 +476,8 @@ fn the_kernel_family_can_be_forced_and_typos_are_refused() {
     assert!(!refused.status.success());
     let message = stderr(&refused);
     assert!(
-        message.contains("HOOKSCOPE_CPU_KERNELS=avx-2: expected portable, neon, avx2 or avx512"),
+        message
+            .contains("HOOKSCOPE_CPU_KERNELS=avx-2: expected portable, neon, avx2, avx512 or amx"),
         "{message}"
     );
 }

@@ -1682,7 +1682,7 @@ mod tests {
 
     /// The product of a range of the matrix's inputs alone (one head's rows of an output
     /// projection) is the plain product of those rows: ranges at the start, inside and at the
-    /// end, over several input blocks and tiles, every storage precision.
+    /// end, over several input blocks and tiles, every storage precision, and bf16 products.
     #[test]
     fn products_over_an_input_range_match_the_reference_on_those_rows() {
         let (d_in, d_out) = (max_depth_block() + 9, 45);
@@ -1693,6 +1693,11 @@ mod tests {
         {
             let w = matrix(d_in * d_out, 4);
             let packed = PackedMatrix::pack(dtype, d_in, d_out, |k, n| w[k * d_out + n]);
+            // bf16 weights with bf16 products too (the AMX tiles from 16 rows, where present).
+            let bf16_products = (dtype == WeightDtype::Bf16).then(|| {
+                PackedMatrix::pack(dtype, d_in, d_out, |k, n| w[k * d_out + n])
+                    .with_precision(MatmulPrecision::Bf16)
+            });
             for inputs in ranges.clone() {
                 let x = matrix(rows * inputs.len(), 5);
                 let slice: Vec<f32> = w[inputs.start * d_out..inputs.end * d_out]
@@ -1701,7 +1706,17 @@ mod tests {
                     .collect();
                 let exact = reference(&x, &slice, None, [rows, inputs.len(), d_out]);
                 let what = format!("{rows} rows, inputs {inputs:?}, {dtype}");
-                assert_close(&packed.multiply_inputs(&x, rows, inputs), &exact, &what);
+                assert_close(
+                    &packed.multiply_inputs(&x, rows, inputs.clone()),
+                    &exact,
+                    &what,
+                );
+                if let Some(packed) = &bf16_products {
+                    let x_rounded: Vec<f32> = x.iter().map(|&v| dtype.round(v)).collect();
+                    let exact = reference(&x_rounded, &slice, None, [rows, inputs.len(), d_out]);
+                    let y = packed.multiply_inputs(&x, rows, inputs);
+                    assert_close(&y, &exact, &format!("{what}, bf16 products"));
+                }
             }
         }
     }
