@@ -655,8 +655,8 @@ impl<'a, E: Element> Product<'a, E> {
     fn panels(&self, row_range: Range<usize>, panels: Range<usize>) {
         #[cfg(target_arch = "x86_64")]
         if let Strips::Bf16Rows(activations) = self.strips {
-            // SAFETY: `Kernel::detect` picks the AMX kernel, the one that reads whole bf16
-            // rows, for bf16 weights where `amx::available`.
+            // SAFETY: `Kernel::detect` picks the AMX kernel, the one that reads `Bf16Rows`, for
+            // bf16 weights where `amx::available`.
             return unsafe { amx::panels(self, activations, row_range, panels) };
         }
         let (d_in, d_out, rows) = (self.d_in, self.d_out, self.x_rows);
@@ -742,7 +742,7 @@ struct Tile<'a, E> {
 /// The kernels this CPU runs, chosen once per call.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Kernel {
-    /// bf16 rows times bf16 weights on AMX tiles (`amx`).
+    /// bf16 activations times bf16 weights on AMX tiles (`amx`).
     #[cfg(target_arch = "x86_64")]
     Amx,
     /// bf16 pairs times bf16 weights on `vdpbf16ps`.
@@ -886,7 +886,7 @@ impl Kernel {
 
 /// The kernel families that run products of weights stored in `dtype` with activations in
 /// `precision` on this CPU: `amx`, `avx512-bf16`, `avx512`, `avx2`, `neon` or `portable`, or
-/// one for prompt calls and one for fewer rows, as `amx from 16 rows, avx512-bf16` (what
+/// one for prompt calls and one for fewer rows, as `amx from 16 rows, avx512` (what
 /// benchmark reports name).
 pub fn product_kernels(precision: MatmulPrecision, dtype: WeightDtype) -> String {
     let fewest = Kernel::detect(precision, dtype, 1);
