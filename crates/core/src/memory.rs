@@ -20,9 +20,9 @@
 //! more than that gave all of it back when its values were dropped, and the next such call
 //! faulted it in again: a Llama-shaped 8 x 512-token call saving every site (6-7 GB of values)
 //! took 12.6-15.0 s against 3.7-4.2 s for a plain call, a quarter of the CPU time zeroing fresh
-//! pages in the kernel; never trimmed, 5.1-5.2 s (page faults of the whole run 6.3 M -> 1.9 M,
-//! the peak resident size the same). The price is that the process keeps the memory of its
-//! largest call until it exits.
+//! pages in the kernel; never trimmed, 5.1-5.4 s (page faults of the whole run 4.9-6.3 M ->
+//! 1.9 M, the peak resident size the same). The price is that the process keeps the memory of
+//! its largest call until it exits.
 
 /// Allocations served by a mapping of their own: none (every block comes from the heap).
 #[cfg(all(target_os = "linux", target_env = "gnu"))]
