@@ -1364,27 +1364,27 @@ fn for_each_input<E: Element, const R: usize>(
 /// slots from the broadcasts; those passes ask for the task's next block instead, a few panel
 /// rows a pass ([`Upcoming`]).
 ///
-/// Each half is a copy of its own (`HALF`, the pass's `half`): with the half a run-time value,
+/// Each half is a copy of its own (`WHICH_HALF`, the pass's `half`): with the half a run-time value,
 /// both widenings of a bf16 panel row (a shift, a mask) stayed in the loop and pushed sums out
 /// of the 16 registers to the stack, and bf16 weights' prompt calls took 1.8x f32's (a
 /// Llama-shaped 8 x 128-token call, 2078 against 1157 ms on Zen 4 capped to AVX2; 1136-1246
 /// since, f16 1275 -> 1133, f32 unchanged).
 ///
 /// # Safety
-/// As [`tile_avx2`], with `first + R <= height` and `pass.half == HALF`.
+/// As [`tile_avx2`], with `first + R <= height` and `pass.half == WHICH_HALF`.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn avx2_pass<'a, const R: usize, const HALF: usize, E: Element>(
+unsafe fn avx2_pass<'a, const R: usize, const WHICH_HALF: usize, E: Element>(
     tile: &Tile<'a, E>,
     strip: &[f32],
     pass: HalfPass,
     upcoming: &mut Upcoming<'a, E>,
 ) {
     use std::arch::x86_64::*;
-    debug_assert_eq!(pass.half, HALF);
+    debug_assert_eq!(pass.half, WHICH_HALF);
     let mut sums = [[_mm256_setzero_ps(); 2]; R];
     let mut update = |row: &PanelRow<E>, x: &[f32; R]| {
-        let [low, high] = widen_half_avx2(row, HALF);
+        let [low, high] = widen_half_avx2(row, WHICH_HALF);
         for (sum, &x) in sums.iter_mut().zip(x) {
             let x = _mm256_set1_ps(x);
             sum[0] = _mm256_fmadd_ps(x, low, sum[0]);
