@@ -1364,11 +1364,11 @@ fn for_each_input<E: Element, const R: usize>(
 /// slots from the broadcasts; those passes ask for the task's next block instead, a few panel
 /// rows a pass ([`Upcoming`]).
 ///
-/// Each half is a copy of its own (`WHICH_HALF`, the pass's `half`): with the half a run-time value,
-/// both widenings of a bf16 panel row (a shift, a mask) stayed in the loop and pushed sums out
-/// of the 16 registers to the stack, and bf16 weights' prompt calls took 1.8x f32's (a
-/// Llama-shaped 8 x 128-token call, 2078 against 1157 ms on Zen 4 capped to AVX2; 1136-1246
-/// since, f16 1275 -> 1133, f32 unchanged).
+/// Each half is a copy of its own (`WHICH_HALF`, the pass's `half`). With the half a run-time
+/// value the loop kept both widenings of a bf16 panel row (a shift; a mask and its constant),
+/// which pushed two sums out of the 16 registers to the stack on every input: bf16 weights'
+/// prompt calls took 1.8x f32's (a Llama-shaped 8 x 128-token call, 2078 against 1157 ms on
+/// Zen 4 capped to AVX2; 1136-1246 since, f16 1275 -> 1133, f32 unchanged).
 ///
 /// # Safety
 /// As [`tile_avx2`], with `first + R <= height` and `pass.half == WHICH_HALF`.

@@ -149,7 +149,7 @@ fn pack_strips<T: Copy + Default + Send + Sync>(
 /// Converts each of `rows` with `convert` (a row, its `units` values) into `scratch`, then
 /// transposes them into `strip`: each row converted whole, where the compiler or one instruction
 /// converts many values at once (converted one value at a time as the strip was written, bf16
-/// rounding took 4.7 % of a Llama-shaped 8 x 128 call with bf16 products on AVX-512 BF16).
+/// rounding took 4.7 % of a Llama-shaped 8 x 128 call with bf16 products on Zen 4).
 fn convert_and_transpose<T: Copy + Default>(
     strip: &mut [T],
     rows: &[&[f32]],
