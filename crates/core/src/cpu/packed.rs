@@ -1312,15 +1312,24 @@ impl HalfPass {
     }
 }
 
-/// Inputs [`for_each_input`] takes per loop iteration.
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+/// Inputs [`for_each_input`] takes per loop iteration on x86_64: four. The loop's own counting
+/// then takes a quarter of the issue slots it would (on Intel cores those ports also run the
+/// multiply-adds: the AVX2 pass ran at 83 % of the FMA peak with an iteration per input, 85-88 %
+/// with four).
+#[cfg(target_arch = "x86_64")]
 const INPUTS_PER_ITERATION: usize = 4;
 
+/// Inputs [`for_each_input`] takes per loop iteration on aarch64: one. Four inputs an iteration
+/// pushed the NEON passes' sums to the stack (LLVM loads the later inputs' weights and
+/// activations early, beside 24 sums in 32 registers): 56 / 193 / 90 spill loads and stores in
+/// the inner loops of the f32 / bf16 / f16 passes of the release assembly, none with one input
+/// (two: 13 / 12 / 4). aarch64 cores count the loop on their integer pipes, apart from `fmla`'s.
+#[cfg(target_arch = "aarch64")]
+const INPUTS_PER_ITERATION: usize = 1;
+
 /// Calls `step` with each panel row of `weights` and the activations of the pass's `R` rows
-/// for the same input, [`INPUTS_PER_ITERATION`] inputs per iteration of one loop. The loop's
-/// own counting then takes a quarter of the issue slots it would (on Intel cores those ports
-/// also run the multiply-adds: the AVX2 pass ran at 83 % of the FMA peak with an iteration per
-/// input, 85-88 % with four), and the activations are read without a bounds check per input.
+/// for the same input, [`INPUTS_PER_ITERATION`] inputs per iteration of one loop, the
+/// activations read without a bounds check per input.
 ///
 /// # Panics
 /// If the pass's rows do not lie within the strip's width or the strip is shorter than

@@ -10,7 +10,8 @@
 //!
 //! Speed on aarch64 is not measured here (the project's machines are x86_64; these kernels are
 //! checked under qemu, which says nothing of speed): they keep the register budget and loop
-//! shape of the AVX2 kernel that was measured.
+//! shape of the AVX2 kernel that was measured, one input an iteration where AVX2 takes four
+//! ([`super::INPUTS_PER_ITERATION`]), and no inner loop of the release assembly spills a sum.
 
 use std::arch::aarch64::*;
 
@@ -29,12 +30,15 @@ const LANES: usize = 4;
 /// Registers of half a panel row, widened.
 const HALF: usize = PANEL / 2 / LANES;
 
-/// The NEON kernel for a tile of `height` rows.
+/// The NEON kernel for a tile of `height` rows. Kept out of line, as the x86 kernels are by
+/// their target features: one function a kernel in profiles and in the release assembly, where
+/// its spills are counted.
 ///
 /// # Safety
 /// `strip` must hold `tile.weights.len() * height` floats, and `tile.output` must address
 /// `height` rows of `tile.columns` writable floats, `tile.stride` apart. (NEON is part of
 /// every aarch64 CPU.)
+#[inline(never)]
 pub(super) unsafe fn tile_neon<E: Element>(tile: &Tile<'_, E>, strip: &[f32], height: usize) {
     debug_assert_eq!(strip.len(), tile.weights.len() * height);
     // SAFETY (all calls): the caller's contract, for the rows each pass names.
@@ -165,8 +169,7 @@ fn widen_half<E: Element>(row: &PanelRow<E>, half: usize) -> [float32x4_t; HALF]
 /// `f16` vectors, hence the one instruction of inline assembly. (Widened with integer moves and
 /// a multiply by `2^112`, as this kernel first did, the five constants and temporaries pushed
 /// f16 passes' sums to the stack: 143 spill loads and stores in 14 of the 20 inner loops of the
-/// release assembly, ten instructions a widened register; with `fcvtl`, 76 in 3 loops, those of
-/// the 6-row passes, where the f32 passes have 38 in 3.)
+/// release assembly, ten instructions a widened register.)
 #[inline(always)]
 fn f16_to_f32(bits: uint16x4_t) -> float32x4_t {
     let widened: float32x4_t;
