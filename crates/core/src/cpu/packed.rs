@@ -63,9 +63,23 @@ const ROW_BLOCK: usize = 16 * TILE_ROWS;
 /// machine then leaves its remaining tasks to the others (one task per thread was ~12 % slower
 /// at 128 tokens on GPT-2 small).
 const TASKS_PER_THREAD: usize = 8;
-/// Bytes of panel rows ahead of the kernel that it asks the cache to fetch.
+/// Bytes of panel rows ahead of the kernel that it asks the cache to fetch, in a tile of more
+/// than [`STREAMING_ROWS`] rows: these compute long enough on each panel row (whose block
+/// [`Upcoming`] brought to L2) for a request 16 f32 rows ahead to arrive in time.
 #[cfg(target_arch = "x86_64")]
 const PREFETCH_BYTES: usize = 2048;
+/// The same for a tile of f32 weights and at most [`STREAMING_ROWS`] rows (a decode step),
+/// which streams its weights from memory a few cycles a panel row and must ask farther ahead to
+/// cover memory's latency. One thread, weights not in cache, GPT-2-small's decode matrices
+/// (Intel Xeon, AVX-512): one row 11.5-11.7 GB/s with 2048 bytes, 12.2-12.7 with 8192,
+/// 11.8-12.0 with 16384; two rows 10.9 against 11.6-12.0; four rows even; twelve rows 10.3
+/// against 9.4 (2048 better). bf16 and f16 rows (half the bytes) showed no gain, and a GPT-2
+/// f16 decode step took 5-10 % longer with 8192.
+#[cfg(target_arch = "x86_64")]
+const STREAMING_PREFETCH_BYTES: usize = 8192;
+/// The most rows of a tile that streams its weights ([`STREAMING_PREFETCH_BYTES`]).
+#[cfg(target_arch = "x86_64")]
+const STREAMING_ROWS: usize = 2;
 
 /// How a stored weight type is written into panels and read back.
 pub(crate) trait Element: Copy + Send + Sync + std::fmt::Debug + 'static {
@@ -1015,15 +1029,21 @@ fn prefetch_to_l2<E: Element>(row: &PanelRow<E>) {
     }
 }
 
-/// Asks the cache for the panel rows `PREFETCH_BYTES` past `row` (prefetches never fault, so
-/// the address may lie past the panel).
+/// Asks the cache for the panel rows some bytes past `row`, for a tile of `R` rows:
+/// [`STREAMING_PREFETCH_BYTES`] in f32 up to [`STREAMING_ROWS`] rows, else [`PREFETCH_BYTES`]
+/// (prefetches never fault, so the address may lie past the panel).
 #[cfg(target_arch = "x86_64")]
 #[inline(always)]
-fn prefetch_ahead<E: Element>(row: &PanelRow<E>) {
+fn prefetch_ahead<const R: usize, E: Element>(row: &PanelRow<E>) {
     use std::arch::x86_64::*;
+    let distance = if R <= STREAMING_ROWS && E::DTYPE == WeightDtype::F32 {
+        STREAMING_PREFETCH_BYTES
+    } else {
+        PREFETCH_BYTES
+    };
     let ahead = (row as *const PanelRow<E>)
         .cast::<i8>()
-        .wrapping_add(PREFETCH_BYTES);
+        .wrapping_add(distance);
     for line in 0..std::mem::size_of::<PanelRow<E>>() / 64 {
         // SAFETY: SSE is part of x86_64.
         unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line)) };
@@ -1043,7 +1063,7 @@ unsafe fn tile_avx512<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f
     let mut sums = [[_mm512_setzero_ps(); 2]; R];
     let mut upcoming = Upcoming::over(tile.upcoming, tile.weights.len());
     for (row, x) in tile.weights.iter().zip(strip.as_chunks::<R>().0) {
-        prefetch_ahead(row);
+        prefetch_ahead::<R, E>(row);
         upcoming.step();
         let (low, high) = widen_row(row);
         for (sum, &x) in sums.iter_mut().zip(x) {
@@ -1088,8 +1108,8 @@ unsafe fn tile_avx512_bf16<const R: usize, E: Element>(tile: &Tile<'_, E>, pairs
     let mut x = pairs.as_chunks::<R>().0.iter();
     let mut upcoming = Upcoming::over(tile.upcoming, rows.len());
     for (two, x) in rows.by_ref().zip(x.by_ref()) {
-        prefetch_ahead(&two[0]);
-        prefetch_ahead(&two[1]);
+        prefetch_ahead::<R, E>(&two[0]);
+        prefetch_ahead::<R, E>(&two[1]);
         upcoming.step();
         step(load_bf16_row(&two[0]), load_bf16_row(&two[1]), x);
     }
@@ -1270,7 +1290,7 @@ unsafe fn avx2_whole_panel<const R: usize, E: Element>(tile: &Tile<'_, E>, strip
     use std::arch::x86_64::*;
     let mut sums = [[[_mm256_setzero_ps(); 2]; 2]; R];
     for (row, x) in tile.weights.iter().zip(strip.as_chunks::<R>().0) {
-        prefetch_ahead(row);
+        prefetch_ahead::<R, E>(row);
         let halves = [widen_half_avx2(row, 0), widen_half_avx2(row, 1)];
         for (sum, &x) in sums.iter_mut().zip(x) {
             let x = _mm256_set1_ps(x);
@@ -1403,7 +1423,7 @@ unsafe fn avx2_pass<'a, const R: usize, const WHICH_HALF: usize, E: Element>(
     if pass.opens_tile() {
         // The tile's first pass brings the block (both halves) into L1 for the others.
         for_each_input(tile.weights, strip, pass, |row, x| {
-            prefetch_ahead(row);
+            prefetch_ahead::<R, E>(row);
             update(row, x);
         });
     } else {
