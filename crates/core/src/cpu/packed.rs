@@ -17,11 +17,13 @@
 //! fused multiply-adds. Inputs are taken in blocks sized to the L2 ([`depth_block`]) so that a
 //! panel's block stays in cache while every row strip passes over it, and rows in blocks of
 //! [`ROW_BLOCK`] so that the strips stay in L2 while the panels pass; while the strips pass over
-//! one panel block, the kernels bring the task's next one into L2 ([`Upcoming`]), so that its
+//! one panel block, the kernels bring the task's next one into L2 ([`prefetch::Upcoming`]), so that its
 //! first strip does not wait on memory. The outputs are split into several tasks
 //! per thread: by columns, and past one row block by rows as well ([`TaskSplit`]). Kernels for
 //! AVX-512, AVX2 and NEON are picked at run time, within the cap of `isa`; elsewhere a portable
-//! kernel computes the same products.
+//! kernel computes the same products. Each family is a module ([`avx512`], [`avx2`], `neon`,
+//! [`amx`]); [`prefetch`] holds the requests to the caches they share, [`half_pass`] the pass
+//! structure of the AVX2 and NEON kernels.
 //!
 //! With [`MatmulPrecision::Bf16`] the activations are rounded to bf16 as they are packed into
 //! strips. On a CPU with AVX-512 BF16 a bf16 weight's product then runs on `vdpbf16ps`, which
@@ -45,8 +47,16 @@ use crate::precision::{MatmulPrecision, WeightDtype};
 
 #[cfg(target_arch = "x86_64")]
 mod amx;
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod half_pass;
 #[cfg(target_arch = "aarch64")]
 mod neon;
+#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
+mod prefetch;
 mod strips;
 
 use strips::{Layout, Strip, Strips, TILE_ROWS};
@@ -63,23 +73,6 @@ const ROW_BLOCK: usize = 16 * TILE_ROWS;
 /// machine then leaves its remaining tasks to the others (one task per thread was ~12 % slower
 /// at 128 tokens on GPT-2 small).
 const TASKS_PER_THREAD: usize = 8;
-/// Bytes of panel rows ahead of the kernel that it asks the cache to fetch, in a tile of more
-/// than [`STREAMING_ROWS`] rows: these compute long enough on each panel row (whose block
-/// [`Upcoming`] brought to L2) for a request 16 f32 rows ahead to arrive in time.
-#[cfg(target_arch = "x86_64")]
-const PREFETCH_BYTES: usize = 2048;
-/// The same for a tile of f32 weights and at most [`STREAMING_ROWS`] rows (a decode step),
-/// which streams its weights from memory a few cycles a panel row and must ask farther ahead to
-/// cover memory's latency. One thread, weights not in cache, GPT-2-small's decode matrices
-/// (Intel Xeon, AVX-512): one row 11.5-11.7 GB/s with 2048 bytes, 12.2-12.7 with 8192,
-/// 11.8-12.0 with 16384; two rows 10.9 against 11.6-12.0; four rows even; twelve rows 10.3
-/// against 9.4 (2048 better). bf16 and f16 rows (half the bytes) showed no gain, and a GPT-2
-/// f16 decode step took 5-10 % longer with 8192.
-#[cfg(target_arch = "x86_64")]
-const STREAMING_PREFETCH_BYTES: usize = 8192;
-/// The most rows of a tile that streams its weights ([`STREAMING_PREFETCH_BYTES`]).
-#[cfg(target_arch = "x86_64")]
-const STREAMING_ROWS: usize = 2;
 
 /// How a stored weight type is written into panels and read back.
 pub(crate) trait Element: Copy + Send + Sync + std::fmt::Debug + 'static {
@@ -857,20 +850,20 @@ impl Kernel {
     /// Runs the kernel for a tile of `height` rows (1 to `TILE_ROWS`).
     fn run<E: Element>(self, height: usize, tile: &Tile<'_, E>) {
         macro_rules! by_height {
-            ($kernel:ident, $strip:expr) => {
+            ($($kernel:ident)::+, $strip:expr) => {
                 match height {
-                    1 => $kernel::<1, E>(tile, $strip),
-                    2 => $kernel::<2, E>(tile, $strip),
-                    3 => $kernel::<3, E>(tile, $strip),
-                    4 => $kernel::<4, E>(tile, $strip),
-                    5 => $kernel::<5, E>(tile, $strip),
-                    6 => $kernel::<6, E>(tile, $strip),
-                    7 => $kernel::<7, E>(tile, $strip),
-                    8 => $kernel::<8, E>(tile, $strip),
-                    9 => $kernel::<9, E>(tile, $strip),
-                    10 => $kernel::<10, E>(tile, $strip),
-                    11 => $kernel::<11, E>(tile, $strip),
-                    _ => $kernel::<TILE_ROWS, E>(tile, $strip),
+                    1 => $($kernel)::+::<1, E>(tile, $strip),
+                    2 => $($kernel)::+::<2, E>(tile, $strip),
+                    3 => $($kernel)::+::<3, E>(tile, $strip),
+                    4 => $($kernel)::+::<4, E>(tile, $strip),
+                    5 => $($kernel)::+::<5, E>(tile, $strip),
+                    6 => $($kernel)::+::<6, E>(tile, $strip),
+                    7 => $($kernel)::+::<7, E>(tile, $strip),
+                    8 => $($kernel)::+::<8, E>(tile, $strip),
+                    9 => $($kernel)::+::<9, E>(tile, $strip),
+                    10 => $($kernel)::+::<10, E>(tile, $strip),
+                    11 => $($kernel)::+::<11, E>(tile, $strip),
+                    _ => $($kernel)::+::<TILE_ROWS, E>(tile, $strip),
                 }
             };
         }
@@ -879,14 +872,14 @@ impl Kernel {
             // for bf16 weights only.
             #[cfg(target_arch = "x86_64")]
             (Kernel::Avx512Bf16, Strip::Bf16Pairs(pairs)) => unsafe {
-                by_height!(tile_avx512_bf16, pairs)
+                by_height!(avx512::tile_avx512_bf16, pairs)
             },
             // SAFETY: `detect` found AVX-512F on this CPU.
             #[cfg(target_arch = "x86_64")]
-            (Kernel::Avx512, Strip::F32(x)) => unsafe { by_height!(tile_avx512, x) },
+            (Kernel::Avx512, Strip::F32(x)) => unsafe { by_height!(avx512::tile_avx512, x) },
             // SAFETY: `detect` found AVX2, FMA and F16C on this CPU.
             #[cfg(target_arch = "x86_64")]
-            (Kernel::Avx2, Strip::F32(x)) => unsafe { tile_avx2(tile, x, height) },
+            (Kernel::Avx2, Strip::F32(x)) => unsafe { avx2::tile_avx2(tile, x, height) },
             // SAFETY: NEON is part of every aarch64 CPU; the strip and output are the tile's.
             #[cfg(target_arch = "aarch64")]
             (Kernel::Neon, Strip::F32(x)) => unsafe { neon::tile_neon(tile, x, height) },
@@ -909,625 +902,6 @@ pub fn product_kernels(precision: MatmulPrecision, dtype: WeightDtype) -> String
         return format!("amx from {} rows, {}", amx::MIN_ROWS, fewest.family());
     }
     fewest.family().to_string()
-}
-
-/// A panel row's 32 weights widened to f32: columns 0..16 and 16..32.
-///
-/// # Safety
-/// The CPU must have AVX-512F.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn widen_row<E: Element>(
-    row: &PanelRow<E>,
-) -> (std::arch::x86_64::__m512, std::arch::x86_64::__m512) {
-    use std::arch::x86_64::*;
-    let bytes = row.0.as_ptr().cast::<u8>();
-    // SAFETY: a panel row is 64-byte aligned and holds 32 elements (128 bytes of f32, 64 of
-    // bf16/f16): every load below stays inside it, at its alignment.
-    unsafe {
-        match E::DTYPE {
-            WeightDtype::F32 => (
-                _mm512_load_ps(bytes.cast()),
-                _mm512_load_ps(bytes.add(64).cast()),
-            ),
-            // Each 32-bit lane holds column `j` in its low half and `16 + j` in its high half
-            // (`Element::slot`); a bf16 is the high half of the f32 it rounds.
-            WeightDtype::Bf16 => {
-                let pairs = _mm512_load_si512(bytes.cast());
-                (
-                    _mm512_castsi512_ps(_mm512_slli_epi32::<16>(pairs)),
-                    _mm512_castsi512_ps(_mm512_and_si512(
-                        pairs,
-                        _mm512_set1_epi32(0xffff_0000_u32 as i32),
-                    )),
-                )
-            }
-            WeightDtype::F16 => (
-                _mm512_cvtph_ps(_mm256_load_si256(bytes.cast())),
-                _mm512_cvtph_ps(_mm256_load_si256(bytes.add(32).cast())),
-            ),
-        }
-    }
-}
-
-/// Fewest inputs between two of a tile's requests for the next block: one panel row (two cache
-/// lines in f32) every 12-24 cycles keeps the misses in flight within the core's fill buffers.
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-const UPCOMING_SPACING: usize = 4;
-
-/// The panel rows a tile asks L2 to fetch for its task's next tiles ([`Tile::upcoming`]),
-/// spread over one pass of the tile's inputs: the second pass of a half-panel kernel (AVX2,
-/// NEON; the first reads the tile's own block, from memory in a block's first tile), the one
-/// pass of an AVX-512 kernel. A tile whose share does not fit one pass goes on in the next.
-///
-/// Without it the first tile of every panel block waited on memory for all of the block. Alone
-/// (depth blocks of 256), with weights not in cache, two threads, 128 rows, it took AVX2
-/// products from 186-202 to 196-221 GFLOP/s and Llama-shaped 128-token calls 5 % faster; with
-/// the depth blocks of [`depth_block`], see `BENCHMARKS.md`. The bf16 pair kernel ran at the
-/// same speed with and without it.
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-struct Upcoming<'a, E> {
-    rows: std::slice::Iter<'a, PanelRow<E>>,
-    /// Inputs between two requests.
-    every: usize,
-    /// Inputs until the next request.
-    countdown: usize,
-}
-
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-impl<'a, E: Element> Upcoming<'a, E> {
-    /// Requests for `rows` (a tile's [`Tile::upcoming`]), spread over `inputs` calls of
-    /// [`Upcoming::step`].
-    fn over(rows: &'a [PanelRow<E>], inputs: usize) -> Self {
-        Upcoming {
-            rows: rows.iter(),
-            every: (inputs / rows.len().max(1)).max(UPCOMING_SPACING),
-            countdown: 0,
-        }
-    }
-
-    /// Called once an input: asks for the next panel row every `every` inputs.
-    #[inline(always)]
-    fn step(&mut self) {
-        if self.countdown == 0 {
-            if let Some(row) = self.rows.next() {
-                prefetch_to_l2(row);
-            }
-            self.countdown = self.every;
-        }
-        self.countdown -= 1;
-    }
-}
-
-/// Asks L2 for the panel row `row`.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn prefetch_to_l2<E: Element>(row: &PanelRow<E>) {
-    use std::arch::x86_64::*;
-    let at = (row as *const PanelRow<E>).cast::<i8>();
-    for line in 0..std::mem::size_of::<PanelRow<E>>() / 64 {
-        // SAFETY: SSE is part of x86_64; the line lies inside the panel row.
-        unsafe { _mm_prefetch::<_MM_HINT_T1>(at.wrapping_add(64 * line)) };
-    }
-}
-
-/// Asks L2 for the panel row `row`.
-#[cfg(target_arch = "aarch64")]
-#[inline(always)]
-fn prefetch_to_l2<E: Element>(row: &PanelRow<E>) {
-    let at = (row as *const PanelRow<E>).cast::<u8>();
-    for line in 0..std::mem::size_of::<PanelRow<E>>() / 64 {
-        // SAFETY: `prfm` is a hint: it never faults and changes nothing the program observes.
-        unsafe {
-            std::arch::asm!(
-                "prfm pldl2keep, [{at}]",
-                at = in(reg) at.wrapping_add(64 * line),
-                options(nostack, preserves_flags, readonly),
-            )
-        };
-    }
-}
-
-/// Asks the cache for the panel rows some bytes past `row`, for a tile of `R` rows:
-/// [`STREAMING_PREFETCH_BYTES`] in f32 up to [`STREAMING_ROWS`] rows, else [`PREFETCH_BYTES`]
-/// (prefetches never fault, so the address may lie past the panel).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-fn prefetch_ahead<const R: usize, E: Element>(row: &PanelRow<E>) {
-    use std::arch::x86_64::*;
-    let distance = if R <= STREAMING_ROWS && E::DTYPE == WeightDtype::F32 {
-        STREAMING_PREFETCH_BYTES
-    } else {
-        PREFETCH_BYTES
-    };
-    let ahead = (row as *const PanelRow<E>)
-        .cast::<i8>()
-        .wrapping_add(distance);
-    for line in 0..std::mem::size_of::<PanelRow<E>>() / 64 {
-        // SAFETY: SSE is part of x86_64.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * line)) };
-    }
-}
-
-/// The AVX-512 kernel: `R x 32` sums in 2R registers.
-///
-/// # Safety
-/// The CPU must have AVX-512F, `strip` must hold `tile.weights.len() * R` floats, and
-/// `tile.output` must address `R` rows of `tile.columns` writable floats, `tile.stride` apart.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn tile_avx512<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f32]) {
-    use std::arch::x86_64::*;
-    debug_assert_eq!(strip.len(), tile.weights.len() * R);
-    let mut sums = [[_mm512_setzero_ps(); 2]; R];
-    let mut upcoming = Upcoming::over(tile.upcoming, tile.weights.len());
-    for (row, x) in tile.weights.iter().zip(strip.as_chunks::<R>().0) {
-        prefetch_ahead::<R, E>(row);
-        upcoming.step();
-        let (low, high) = widen_row(row);
-        for (sum, &x) in sums.iter_mut().zip(x) {
-            let x = _mm512_set1_ps(x);
-            sum[0] = _mm512_fmadd_ps(x, low, sum[0]);
-            sum[1] = _mm512_fmadd_ps(x, high, sum[1]);
-        }
-    }
-    // SAFETY: the caller's contract.
-    unsafe { store_avx512(sums, tile) }
-}
-
-/// The AVX-512 BF16 kernel: `R x 32` sums in 2R registers, two inputs per `vdpbf16ps`.
-///
-/// Two consecutive bf16 panel rows (inputs `2i` and `2i + 1`) hold, in lane `j`, columns `j`
-/// and `16 + j` each (`Element::slot`); one shift and one blend per half make the pairs
-/// `(w[2i][j], w[2i + 1][j])` that meet the strip's `(x[2i], x[2i + 1])`.
-///
-/// # Safety
-/// The CPU must have AVX-512F, BW and BF16, `E` must be bf16, `pairs` must hold
-/// `tile.weights.len().div_ceil(2) * R` pairs, and `tile.output` must address `R` rows of
-/// `tile.columns` writable floats, `tile.stride` apart.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn tile_avx512_bf16<const R: usize, E: Element>(tile: &Tile<'_, E>, pairs: &[u32]) {
-    use std::arch::x86_64::*;
-    debug_assert_eq!(E::DTYPE, WeightDtype::Bf16);
-    debug_assert_eq!(pairs.len(), tile.weights.len().div_ceil(2) * R);
-    // SAFETY: both are 512-bit vectors; `__m512bh` is 32 bf16 values, any bits.
-    let as_bf16 = |v: __m512i| unsafe { std::mem::transmute::<__m512i, __m512bh>(v) };
-    let mut sums = [[_mm512_setzero_ps(); 2]; R];
-    let mut step = |even: __m512i, odd: __m512i, x: &[u32; R]| {
-        let [low, high] = interleave_pairs(even, odd);
-        let (low, high) = (as_bf16(low), as_bf16(high));
-        for (sum, &x) in sums.iter_mut().zip(x) {
-            let x = as_bf16(_mm512_set1_epi32(x as i32));
-            sum[0] = _mm512_dpbf16_ps(sum[0], x, low);
-            sum[1] = _mm512_dpbf16_ps(sum[1], x, high);
-        }
-    };
-    let mut rows = tile.weights.chunks_exact(2);
-    let mut x = pairs.as_chunks::<R>().0.iter();
-    let mut upcoming = Upcoming::over(tile.upcoming, rows.len());
-    for (two, x) in rows.by_ref().zip(x.by_ref()) {
-        prefetch_ahead::<R, E>(&two[0]);
-        prefetch_ahead::<R, E>(&two[1]);
-        upcoming.step();
-        step(load_bf16_row(&two[0]), load_bf16_row(&two[1]), x);
-    }
-    if let ([last], Some(x)) = (rows.remainder(), x.next()) {
-        step(load_bf16_row(last), _mm512_setzero_si512(), x);
-    }
-    // SAFETY: the caller's contract.
-    unsafe { store_avx512(sums, tile) }
-}
-
-/// A bf16 panel row's 64 bytes (the first 64 of any panel row).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-#[inline]
-fn load_bf16_row<E: Element>(row: &PanelRow<E>) -> std::arch::x86_64::__m512i {
-    debug_assert_eq!(E::DTYPE, WeightDtype::Bf16);
-    // SAFETY: every panel row is at least 64 bytes, 64-byte aligned.
-    unsafe { std::arch::x86_64::_mm512_load_si512(row.0.as_ptr().cast()) }
-}
-
-/// Two consecutive bf16 panel rows (inputs `2i` and `2i + 1`, lane `j` holding columns `j` and
-/// `16 + j`: `Element::slot`) as input pairs: lane `j` of the first vector is
-/// `(w[2i][j], w[2i + 1][j])`, of the second the same for column `16 + j` (what `vdpbf16ps`
-/// and AMX's `tdpbf16ps` multiply). One shift and one blend a vector.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f,avx512bw")]
-#[inline]
-fn interleave_pairs(
-    even: std::arch::x86_64::__m512i,
-    odd: std::arch::x86_64::__m512i,
-) -> [std::arch::x86_64::__m512i; 2] {
-    use std::arch::x86_64::*;
-    // The high 16-bit half of every 32-bit lane.
-    const HIGH_HALVES: __mmask32 = 0xaaaa_aaaa;
-    [
-        _mm512_mask_blend_epi16(HIGH_HALVES, even, _mm512_slli_epi32::<16>(odd)),
-        _mm512_mask_blend_epi16(HIGH_HALVES, _mm512_srli_epi32::<16>(even), odd),
-    ]
-}
-
-/// Adds a tile's sums to its start (bias, zero or the partial sums) and stores them. Always
-/// inlined into the kernels (so it carries no `target_feature` of its own, which would keep it a
-/// call): a call passes the sums through memory, and one that took their address kept them
-/// there through the kernel's loop (twice the time of a prompt call).
-///
-/// # Safety
-/// The CPU must have AVX-512F, and `tile.output` must address `R` rows of `tile.columns`
-/// writable floats, `tile.stride` apart.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn store_avx512<const R: usize, E: Element>(
-    sums: [[std::arch::x86_64::__m512; 2]; R],
-    tile: &Tile<'_, E>,
-) {
-    for (r, &sum) in sums.iter().enumerate() {
-        // SAFETY: the caller's contract, for row `r`.
-        unsafe {
-            store_row_avx512(
-                sum,
-                tile.output.add(r * tile.stride),
-                tile.columns,
-                tile.start,
-            )
-        }
-    }
-}
-
-/// Adds one output row's sums (`columns` of them, at most 32) to its start (bias, zero or the
-/// partial sums at `out`) and stores them at `out`.
-///
-/// # Safety
-/// The CPU must have AVX-512F, and `out` must address `columns` writable floats.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn store_row_avx512(
-    sum: [std::arch::x86_64::__m512; 2],
-    out: *mut f32,
-    columns: usize,
-    start: Start<'_>,
-) {
-    use std::arch::x86_64::*;
-    let low_mask: __mmask16 = lane_mask(columns.min(16));
-    let high_mask: __mmask16 = lane_mask(columns.saturating_sub(16));
-    // SAFETY: masked loads and stores touch only the row's `columns` floats; the high half's
-    // address is formed with `wrapping_add` since it may lie past them.
-    unsafe {
-        let (base_low, base_high) = match start {
-            Start::Bias(None) => (_mm512_setzero_ps(), _mm512_setzero_ps()),
-            Start::Bias(Some(bias)) => (
-                _mm512_maskz_loadu_ps(low_mask, bias.as_ptr()),
-                _mm512_maskz_loadu_ps(high_mask, bias.as_ptr().wrapping_add(16)),
-            ),
-            Start::Accumulate => (
-                _mm512_maskz_loadu_ps(low_mask, out),
-                _mm512_maskz_loadu_ps(high_mask, out.wrapping_add(16)),
-            ),
-        };
-        _mm512_mask_storeu_ps(out, low_mask, _mm512_add_ps(sum[0], base_low));
-        _mm512_mask_storeu_ps(
-            out.wrapping_add(16),
-            high_mask,
-            _mm512_add_ps(sum[1], base_high),
-        );
-    }
-}
-
-/// A mask of the first `lanes` (at most 16) lanes.
-#[cfg(target_arch = "x86_64")]
-fn lane_mask(lanes: usize) -> u16 {
-    ((1u32 << lanes) - 1) as u16
-}
-
-/// Rows one AVX2 kernel pass keeps in registers: `6 x 16` sums (half a panel) in 12 of the 16
-/// vector registers, beside the half panel row (2) and one broadcast activation (BLIS' Haswell
-/// tile). A whole panel in one pass (`3 x 32`) needs 17 and spilled two sums to the stack; one
-/// or two rows fit a whole panel (a decode step then streams each weight once).
-#[cfg(target_arch = "x86_64")]
-const AVX2_ROWS: usize = 6;
-
-/// The AVX2 kernel: a tile of one or two rows (a decode step) in one pass over whole panel rows,
-/// streaming each weight once; taller tiles in passes of up to [`AVX2_ROWS`] rows and half a
-/// panel's columns, each over the whole block of panel rows (which stays in L1 between passes).
-///
-/// # Safety
-/// The CPU must have AVX2, FMA and F16C, `strip` must hold `tile.weights.len() * height` floats,
-/// and `tile.output` must address `height` rows of `tile.columns` writable floats, `tile.stride`
-/// apart.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn tile_avx2<E: Element>(tile: &Tile<'_, E>, strip: &[f32], height: usize) {
-    debug_assert_eq!(strip.len(), tile.weights.len() * height);
-    // SAFETY (all four calls): the caller's contract, for the rows each pass names.
-    match height {
-        1 => return unsafe { avx2_whole_panel::<1, E>(tile, strip) },
-        2 => return unsafe { avx2_whole_panel::<2, E>(tile, strip) },
-        _ => {}
-    }
-    let halves = tile.columns.div_ceil(PANEL / 2);
-    let mut upcoming = Upcoming::over(tile.upcoming, tile.weights.len());
-    for first in (0..height).step_by(AVX2_ROWS) {
-        let rows = (height - first).min(AVX2_ROWS);
-        for half in 0..halves {
-            let pass = HalfPass {
-                height,
-                first,
-                half,
-            };
-            let upcoming = &mut upcoming;
-            macro_rules! by_rows {
-                ($half:literal) => {
-                    match rows {
-                        1 => avx2_pass::<1, $half, E>(tile, strip, pass, upcoming),
-                        2 => avx2_pass::<2, $half, E>(tile, strip, pass, upcoming),
-                        3 => avx2_pass::<3, $half, E>(tile, strip, pass, upcoming),
-                        4 => avx2_pass::<4, $half, E>(tile, strip, pass, upcoming),
-                        5 => avx2_pass::<5, $half, E>(tile, strip, pass, upcoming),
-                        _ => avx2_pass::<AVX2_ROWS, $half, E>(tile, strip, pass, upcoming),
-                    }
-                };
-            }
-            unsafe {
-                match half {
-                    0 => by_rows!(0),
-                    _ => by_rows!(1),
-                }
-            }
-        }
-    }
-}
-
-/// A tile of `R` (one or two) rows over whole panel rows: `R x 32` sums in `4R` registers.
-///
-/// # Safety
-/// As [`tile_avx2`], with `height == R`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn avx2_whole_panel<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f32]) {
-    use std::arch::x86_64::*;
-    let mut sums = [[[_mm256_setzero_ps(); 2]; 2]; R];
-    for (row, x) in tile.weights.iter().zip(strip.as_chunks::<R>().0) {
-        prefetch_ahead::<R, E>(row);
-        let halves = [widen_half_avx2(row, 0), widen_half_avx2(row, 1)];
-        for (sum, &x) in sums.iter_mut().zip(x) {
-            let x = _mm256_set1_ps(x);
-            for (sum, weights) in sum.iter_mut().zip(&halves) {
-                sum[0] = _mm256_fmadd_ps(x, weights[0], sum[0]);
-                sum[1] = _mm256_fmadd_ps(x, weights[1], sum[1]);
-            }
-        }
-    }
-    for half in 0..tile.columns.div_ceil(PANEL / 2) {
-        let pass = HalfPass {
-            height: R,
-            first: 0,
-            half,
-        };
-        // SAFETY: the caller's contract.
-        unsafe { store_avx2(sums.map(|sum| sum[half]), tile, pass) }
-    }
-}
-
-/// Which part of a tile one pass of a half-panel kernel (AVX2, NEON) computes.
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-#[derive(Clone, Copy)]
-struct HalfPass {
-    /// The tile's rows (the strip's width).
-    height: usize,
-    /// The pass's first row.
-    first: usize,
-    /// Columns `16 * half..16 * half + 16` of the panel.
-    half: usize,
-}
-
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-impl HalfPass {
-    /// Whether this is a tile's first pass, the one that reads the tile's block first (from
-    /// memory in a block's first tile); the later ones ask for the next block ([`Upcoming`]).
-    fn opens_tile(self) -> bool {
-        (self.first, self.half) == (0, 0)
-    }
-}
-
-/// Inputs [`for_each_input`] takes per loop iteration on x86_64: four. The loop's own counting
-/// then takes a quarter of the issue slots it would (on Intel cores those ports also run the
-/// multiply-adds: the AVX2 pass ran at 83 % of the FMA peak with an iteration per input, 85-88 %
-/// with four).
-#[cfg(target_arch = "x86_64")]
-const INPUTS_PER_ITERATION: usize = 4;
-
-/// Inputs [`for_each_input`] takes per loop iteration on aarch64: one. Four inputs an iteration
-/// pushed the NEON passes' sums to the stack (LLVM loads the later inputs' weights and
-/// activations early, beside 24 sums in 32 registers): 56 / 193 / 90 spill loads and stores in
-/// the inner loops of the f32 / bf16 / f16 passes of the release assembly, none with one input
-/// (two: 13 / 12 / 4). aarch64 cores count the loop on their integer pipes, apart from `fmla`'s.
-#[cfg(target_arch = "aarch64")]
-const INPUTS_PER_ITERATION: usize = 1;
-
-/// Calls `step` with each panel row of `weights` and the activations of the pass's `R` rows
-/// for the same input, [`INPUTS_PER_ITERATION`] inputs per iteration of one loop, the
-/// activations read without a bounds check per input.
-///
-/// # Panics
-/// If the pass's rows do not lie within the strip's width or the strip is shorter than
-/// `weights` inputs of it.
-#[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-#[inline(always)]
-fn for_each_input<E: Element, const R: usize>(
-    weights: &[PanelRow<E>],
-    strip: &[f32],
-    pass: HalfPass,
-    mut step: impl FnMut(&PanelRow<E>, &[f32; R]),
-) {
-    let HalfPass { height, first, .. } = pass;
-    assert!(first + R <= height && strip.len() >= weights.len() * height);
-    let values = |input: usize| {
-        // SAFETY: `input < weights.len()`, so `input * height + first + R <= strip.len()`
-        // (asserted above): the `R` floats lie inside the strip.
-        unsafe {
-            &*strip
-                .as_ptr()
-                .add(input * height + first)
-                .cast::<[f32; R]>()
-        }
-    };
-    let mut blocks = weights.chunks_exact(INPUTS_PER_ITERATION);
-    let mut input = 0;
-    for block in blocks.by_ref() {
-        for (u, row) in block.iter().enumerate() {
-            step(row, values(input + u));
-        }
-        input += INPUTS_PER_ITERATION;
-    }
-    for (u, row) in blocks.remainder().iter().enumerate() {
-        step(row, values(input + u));
-    }
-}
-
-/// Rows `first..first + R`, one half panel, of an AVX2 tile: `R x 16` sums in `2R` registers,
-/// one rank-1 update per input. Only a tile's first pass asks for the panel rows ahead: the
-/// block stays in cache for the passes after it, where a prefetch per input would take load
-/// slots from the broadcasts; those passes ask for the task's next block instead, a few panel
-/// rows a pass ([`Upcoming`]).
-///
-/// Each half is a copy of its own (`WHICH_HALF`, the pass's `half`). With the half a run-time
-/// value the loop kept both widenings of a bf16 panel row (a shift; a mask and its constant),
-/// which pushed two sums out of the 16 registers to the stack on every input: bf16 weights'
-/// prompt calls took 1.8x f32's (a Llama-shaped 8 x 128-token call, 2078 against 1157 ms on
-/// Zen 4 capped to AVX2; 1136-1246 since, f16 1275 -> 1133, f32 unchanged).
-///
-/// # Safety
-/// As [`tile_avx2`], with `first + R <= height` and `pass.half == WHICH_HALF`.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn avx2_pass<'a, const R: usize, const WHICH_HALF: usize, E: Element>(
-    tile: &Tile<'a, E>,
-    strip: &[f32],
-    pass: HalfPass,
-    upcoming: &mut Upcoming<'a, E>,
-) {
-    use std::arch::x86_64::*;
-    debug_assert_eq!(pass.half, WHICH_HALF);
-    let mut sums = [[_mm256_setzero_ps(); 2]; R];
-    let mut update = |row: &PanelRow<E>, x: &[f32; R]| {
-        let [low, high] = widen_half_avx2(row, WHICH_HALF);
-        for (sum, &x) in sums.iter_mut().zip(x) {
-            let x = _mm256_set1_ps(x);
-            sum[0] = _mm256_fmadd_ps(x, low, sum[0]);
-            sum[1] = _mm256_fmadd_ps(x, high, sum[1]);
-        }
-    };
-    if pass.opens_tile() {
-        // The tile's first pass brings the block (both halves) into L1 for the others.
-        for_each_input(tile.weights, strip, pass, |row, x| {
-            prefetch_ahead::<R, E>(row);
-            update(row, x);
-        });
-    } else {
-        for_each_input(tile.weights, strip, pass, |row, x| {
-            upcoming.step();
-            update(row, x);
-        });
-    }
-    // SAFETY: the caller's contract.
-    unsafe { store_avx2(sums, tile, pass) }
-}
-
-/// Columns `16 * half..16 * half + 16` of a panel row widened to f32, eight a register.
-///
-/// # Safety
-/// The CPU must have AVX2 and F16C.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,f16c")]
-#[inline]
-fn widen_half_avx2<E: Element>(row: &PanelRow<E>, half: usize) -> [std::arch::x86_64::__m256; 2] {
-    use std::arch::x86_64::*;
-    let bytes = row.0.as_ptr().cast::<u8>();
-    // SAFETY: a panel row is 64-byte aligned and holds 32 elements (128 bytes of f32, 64 of
-    // bf16/f16), `half` is 0 or 1: every load below stays inside it, at its alignment.
-    unsafe {
-        match E::DTYPE {
-            WeightDtype::F32 => {
-                let at = bytes.add(64 * half);
-                [_mm256_load_ps(at.cast()), _mm256_load_ps(at.add(32).cast())]
-            }
-            // Lane `j` holds column `j` in its low half and `16 + j` in its high half
-            // (`Element::slot`); a bf16 is the high half of the f32 it rounds.
-            WeightDtype::Bf16 => {
-                let lanes = [
-                    _mm256_load_si256(bytes.cast()),
-                    _mm256_load_si256(bytes.add(32).cast()),
-                ];
-                let high = _mm256_set1_epi32(0xffff_0000_u32 as i32);
-                lanes.map(|v| {
-                    _mm256_castsi256_ps(match half {
-                        0 => _mm256_slli_epi32::<16>(v),
-                        _ => _mm256_and_si256(v, high),
-                    })
-                })
-            }
-            WeightDtype::F16 => {
-                let at = bytes.add(32 * half);
-                [
-                    _mm256_cvtph_ps(_mm_load_si128(at.cast())),
-                    _mm256_cvtph_ps(_mm_load_si128(at.add(16).cast())),
-                ]
-            }
-        }
-    }
-}
-
-/// Adds an AVX2 pass's sums to their start (bias, zero or the partial sums) and stores them;
-/// always inlined, as [`store_avx512`] is, for the same reason.
-///
-/// # Safety
-/// The CPU must have AVX, and `tile.output` must address rows `first..first + R` of
-/// `tile.columns` writable floats, `tile.stride` apart.
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-unsafe fn store_avx2<const R: usize, E: Element>(
-    sums: [[std::arch::x86_64::__m256; 2]; R],
-    tile: &Tile<'_, E>,
-    pass: HalfPass,
-) {
-    use std::arch::x86_64::*;
-    let offset = pass.half * PANEL / 2;
-    let columns = tile.columns.saturating_sub(offset).min(PANEL / 2);
-    for (r, sum) in sums.iter().enumerate() {
-        // SAFETY: row `first + r` of the tile (the caller's contract), from the half's column.
-        let out = unsafe { tile.output.add((pass.first + r) * tile.stride + offset) };
-        // The half's own columns of the bias.
-        let start = match tile.start {
-            Start::Bias(bias) => Start::Bias(bias.map(|bias| &bias[offset..offset + columns])),
-            Start::Accumulate => Start::Accumulate,
-        };
-        if columns == PANEL / 2 {
-            for (v, sum) in sum.iter().enumerate() {
-                // SAFETY: a whole half panel: 16 writable floats in the row, 16 in the bias.
-                unsafe {
-                    let at = out.add(8 * v);
-                    let base = match start {
-                        Start::Accumulate => _mm256_loadu_ps(at),
-                        Start::Bias(Some(bias)) => _mm256_loadu_ps(bias.as_ptr().add(8 * v)),
-                        Start::Bias(None) => _mm256_setzero_ps(),
-                    };
-                    _mm256_storeu_ps(at, _mm256_add_ps(*sum, base));
-                }
-            }
-        } else {
-            // A matrix's last, partial panel: through a buffer, its `columns` values only.
-            let mut lanes = [0.0f32; PANEL / 2];
-            for (v, sum) in sum.iter().enumerate() {
-                // SAFETY: `lanes` holds 16 floats.
-                unsafe { _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * v), *sum) };
-            }
-            // SAFETY: `columns` writable floats from `out` (the caller's contract).
-            unsafe { store_scalar(out, &lanes[..columns], start) }
-        }
-    }
 }
 
 /// The portable kernel: the same sums, vectorised by the compiler (fused multiply-add where
@@ -1857,30 +1231,6 @@ mod tests {
                 "{d_in}"
             );
         }
-    }
-
-    /// A tile's share of the next block is asked for one panel row at a time, spread over one
-    /// pass's inputs, never closer than `UPCOMING_SPACING` inputs apart: a share too large for
-    /// one pass goes on in the next.
-    #[test]
-    #[cfg(any(target_arch = "x86_64", target_arch = "aarch64"))]
-    fn the_next_block_is_asked_for_spread_over_a_pass() {
-        let rows = vec![PanelRow([0.0_f32; PANEL]); 100];
-        let asked_after = |share: usize, steps: usize| {
-            let mut upcoming = Upcoming::over(&rows[..share], 256);
-            (0..steps).for_each(|_| upcoming.step());
-            share - upcoming.rows.len()
-        };
-        // 20 rows over 256 inputs: one every 12 inputs, the first at once.
-        assert_eq!(asked_after(20, 1), 1);
-        assert_eq!(asked_after(20, 12), 1);
-        assert_eq!(asked_after(20, 13), 2);
-        assert_eq!(asked_after(20, 229), 20);
-        assert_eq!(asked_after(20, 256), 20);
-        // 100 rows: one every `UPCOMING_SPACING` inputs, 64 in the first pass, all in the second.
-        assert_eq!(asked_after(100, 256), 256 / UPCOMING_SPACING);
-        assert_eq!(asked_after(100, 512), 100);
-        assert_eq!(asked_after(0, 256), 0);
     }
 
     #[test]

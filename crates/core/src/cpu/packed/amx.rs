@@ -21,11 +21,10 @@ use std::arch::x86_64::*;
 use std::ops::Range;
 use std::sync::OnceLock;
 
+use super::avx512::{interleave_pairs, load_bf16_row, store_row_avx512};
+use super::prefetch::prefetch_to_l2;
 use super::strips::{Bf16Rows, STEP_DEPTH as DEPTH, STEP_ROWS as ROWS, STEP_VALUES};
-use super::{
-    Element, PANEL, PanelRow, Product, Start, interleave_pairs, load_bf16_row, prefetch_to_l2,
-    store_row_avx512,
-};
+use super::{Element, PANEL, PanelRow, Product, Start};
 
 /// Fewest activation rows a product takes to run on the tiles (fewer run on the AVX-512
 /// kernels): at 10 rows of a 768 x 2048 product the tiles and the `vdpbf16ps` pair kernel ran

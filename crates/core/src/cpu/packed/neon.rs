@@ -11,13 +11,13 @@
 //! Speed on aarch64 is not measured here (the project's machines are x86_64; these kernels are
 //! checked under qemu, which says nothing of speed): they keep the register budget and loop
 //! shape of the AVX2 kernel that was measured, one input an iteration where AVX2 takes four
-//! ([`super::INPUTS_PER_ITERATION`]), and no inner loop of the release assembly spills a sum.
+//! ([`super::half_pass::INPUTS_PER_ITERATION`]), and no inner loop of the release assembly spills a sum.
 
 use std::arch::aarch64::*;
 
-use super::{
-    Element, HalfPass, PANEL, PanelRow, Start, Tile, Upcoming, for_each_input, store_scalar,
-};
+use super::half_pass::{HalfPass, for_each_input};
+use super::prefetch::Upcoming;
+use super::{Element, PANEL, PanelRow, Start, Tile, store_scalar};
 use crate::precision::WeightDtype;
 
 /// Rows one pass keeps in registers: `6 x 16` sums (half a panel) in 24 of the 32 vector
@@ -47,26 +47,17 @@ pub(super) unsafe fn tile_neon<E: Element>(tile: &Tile<'_, E>, strip: &[f32], he
         2 => return unsafe { whole_panel::<2, E>(tile, strip) },
         _ => {}
     }
-    let halves = tile.columns.div_ceil(PANEL / 2);
     let mut upcoming = Upcoming::over(tile.upcoming, tile.weights.len());
-    for first in (0..height).step_by(NEON_ROWS) {
-        let rows = (height - first).min(NEON_ROWS);
-        for half in 0..halves {
-            let pass = HalfPass {
-                height,
-                first,
-                half,
-            };
-            let upcoming = &mut upcoming;
-            unsafe {
-                match rows {
-                    1 => half_pass::<1, E>(tile, strip, pass, upcoming),
-                    2 => half_pass::<2, E>(tile, strip, pass, upcoming),
-                    3 => half_pass::<3, E>(tile, strip, pass, upcoming),
-                    4 => half_pass::<4, E>(tile, strip, pass, upcoming),
-                    5 => half_pass::<5, E>(tile, strip, pass, upcoming),
-                    _ => half_pass::<NEON_ROWS, E>(tile, strip, pass, upcoming),
-                }
+    for (rows, pass) in HalfPass::all(height, tile.columns, NEON_ROWS) {
+        let upcoming = &mut upcoming;
+        unsafe {
+            match rows {
+                1 => half_pass::<1, E>(tile, strip, pass, upcoming),
+                2 => half_pass::<2, E>(tile, strip, pass, upcoming),
+                3 => half_pass::<3, E>(tile, strip, pass, upcoming),
+                4 => half_pass::<4, E>(tile, strip, pass, upcoming),
+                5 => half_pass::<5, E>(tile, strip, pass, upcoming),
+                _ => half_pass::<NEON_ROWS, E>(tile, strip, pass, upcoming),
             }
         }
     }
