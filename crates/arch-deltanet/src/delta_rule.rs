@@ -13,7 +13,7 @@
 
 use hookscope_core::Result;
 use hookscope_core::burn::tensor::{Bool, Tensor, TensorData};
-use hookscope_core::nn::{exp, pairwise_decay};
+use hookscope_core::nn::{DeltaRuleOperands, chunked_delta_rule, exp, pairwise_decay};
 
 /// The chunk length of the prompt call.
 pub const CHUNK: usize = 64;
@@ -35,8 +35,26 @@ pub struct RuleInputs {
 
 /// The chunked rule from `initial` `[B, NV, DK, DV]`: outputs `[B, NV, T, DV]` and the state
 /// after the last token. Chunks hold [`CHUNK`] tokens, or all of them when there are fewer
-/// (the chunk length changes nothing but rounding).
+/// (the chunk length changes nothing but rounding). On the CPU backend (without gradients) it
+/// runs core's fused kernel, elsewhere [`chunked_tensors`].
 pub fn chunked(inputs: RuleInputs, initial: Tensor<4>) -> Result<(Tensor<4>, Tensor<4>)> {
+    let fused = chunked_delta_rule(&DeltaRuleOperands {
+        q: &inputs.q,
+        k: &inputs.k,
+        v: &inputs.v,
+        beta: &inputs.beta,
+        g: &inputs.g,
+        initial: &initial,
+        chunk: CHUNK,
+    });
+    match fused {
+        Some(result) => Ok(result),
+        None => chunked_tensors(inputs, initial),
+    }
+}
+
+/// [`chunked`] as tensor operations, on any backend and under autodiff.
+fn chunked_tensors(inputs: RuleInputs, initial: Tensor<4>) -> Result<(Tensor<4>, Tensor<4>)> {
     let RuleInputs { q, k, v, beta, g } = inputs;
     let [batch, heads, tokens, _] = q.dims();
     let chunk = CHUNK.min(tokens).max(1);
@@ -197,7 +215,8 @@ mod tests {
     }
 
     /// A chunked prefill longer than one chunk (and not a multiple of it) equals the same
-    /// tokens one step at a time: outputs and final state, from a nonzero initial state.
+    /// tokens one step at a time: outputs and final state, from a nonzero initial state, through
+    /// the fused kernel and the tensor form alike.
     #[test]
     fn chunked_prefill_equals_token_by_token_steps() {
         let (batch, heads, tokens, dk, dv) = (2, 3, CHUNK + 9, 4, 5);
@@ -229,15 +248,17 @@ mod tests {
             .try_to_vec::<f32>()
             .unwrap();
         let stepped_state = state.into_data().try_to_vec::<f32>().unwrap();
-        let (output, state) = chunked(inputs, initial).unwrap();
-        let output = output.into_data().try_to_vec::<f32>().unwrap();
-        let state = state.into_data().try_to_vec::<f32>().unwrap();
-        for (a, b) in output
-            .iter()
-            .zip(&stepped)
-            .chain(state.iter().zip(&stepped_state))
-        {
-            assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+        for form in [chunked, chunked_tensors] {
+            let (output, state) = form(inputs.clone(), initial.clone()).unwrap();
+            let output = output.into_data().try_to_vec::<f32>().unwrap();
+            let state = state.into_data().try_to_vec::<f32>().unwrap();
+            for (a, b) in output
+                .iter()
+                .zip(&stepped)
+                .chain(state.iter().zip(&stepped_state))
+            {
+                assert!((a - b).abs() < 1e-4, "{a} vs {b}");
+            }
         }
     }
 }

@@ -119,6 +119,78 @@ impl ValueRows {
     }
 }
 
+impl ValueRows {
+    /// `count` rows of `dim` values from `values` (row-major), padded like [`ValueRows::of`].
+    #[inline(always)]
+    pub(super) fn from_rows(values: &[f32], count: usize, dim: usize) -> Self {
+        let width = dim.div_ceil(LANES) * LANES;
+        let mut data = vec![0.0f32; count * width];
+        for (row, source) in data
+            .chunks_exact_mut(width.max(1))
+            .zip(values.chunks_exact(dim.max(1)))
+        {
+            row[..dim].copy_from_slice(source);
+        }
+        ValueRows { data, width, dim }
+    }
+}
+
+/// How [`multiply_rows`] lands its sums `p` in a destination entry `d`.
+#[derive(Debug, Clone, Copy)]
+pub(super) enum Landing {
+    /// `d = p`.
+    Replace,
+    /// `d = keep · d + sign · p`.
+    Accumulate { keep: f32, sign: f32 },
+}
+
+/// `dst [m, D] ← a [m, S] · values [S, D]` (`a` row-major, its rows `S = a.len() / m` long;
+/// `dst` rows of `D = values.dim`), landed as `landing` says, [`ROWS`] rows at a time.
+///
+/// # Safety
+/// The CPU must have `T`'s instructions; `values` holds at least `S` rows, `dst` `m x D`
+/// values and `m >= 1`.
+#[inline(always)]
+pub(super) unsafe fn multiply_rows<T: Tiles>(
+    a: &[f32],
+    m: usize,
+    values: &ValueRows,
+    dst: &mut [f32],
+    landing: Landing,
+) {
+    let (depth, dim) = (a.len() / m, values.dim);
+    let mut sums = [[0.0f32; MAX_COLUMNS]; ROWS];
+    for first in (0..m).step_by(ROWS) {
+        let rows = ROWS.min(m - first);
+        // Rows past `m` repeat the last one: computed alongside in whole vectors, never stored.
+        let weights: [&[f32]; ROWS] =
+            std::array::from_fn(|r| &a[(first + r.min(rows - 1)) * depth..][..depth]);
+        let mut column = 0;
+        while column < dim {
+            let columns = match column + T::COLUMNS <= values.width {
+                true => T::COLUMNS,
+                false => LANES,
+            };
+            // SAFETY: the caller's contract; every weight row is `depth` long and
+            // `column + columns <= width` (both multiples of `LANES`).
+            unsafe { T::value_tile(&weights, values, column, columns, &mut sums) };
+            let stored = columns.min(dim - column);
+            for (r, sums) in sums.iter().enumerate().take(rows) {
+                let out = &mut dst[(first + r) * dim + column..][..stored];
+                match landing {
+                    Landing::Replace => out.copy_from_slice(&sums[..stored]),
+                    Landing::Accumulate { keep, sign } => {
+                        for (o, &p) in out.iter_mut().zip(sums) {
+                            *o = keep * *o + sign * p;
+                        }
+                    }
+                }
+            }
+            column += columns;
+        }
+    }
+}
+
 /// A row block's queries from `queries` `[T, D]`, rows `first..first + rows`, into `lanes`
 /// (`[D]` of `ROWS` lanes; lanes past `rows` zero, so their sums are computed alongside in whole
 /// vectors and never stored).

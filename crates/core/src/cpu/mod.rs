@@ -1,6 +1,6 @@
 //! Kernels for the CPU backend (burn's `flex`), where hookscope runs its own code instead of
 //! burn's: packed weight products, attention over the cache where it lies, the fused selective
-//! scan, vectorised element-wise functions and an accurately summed softmax.
+//! scan, the chunked gated delta rule, vectorised element-wise functions and an accurately summed softmax.
 //!
 //! The layers in `crate::nn` call these through one contract: each entry takes burn tensors
 //! and returns `Option`, `Some` when the operands live on the CPU backend as `f32` in a layout
@@ -13,6 +13,7 @@
 mod attention_tiles;
 mod caches;
 mod decode_attention;
+mod delta_rule;
 mod elementwise;
 mod host;
 mod isa;
@@ -26,6 +27,7 @@ mod softmax;
 mod tracked;
 
 pub(crate) use decode_attention::attend as decode_attention;
+pub use delta_rule::{DeltaRuleOperands, chunked_delta_rule};
 pub(crate) use elementwise::{SQRT_2_OVER_PI, exp, gelu_tanh, sigmoid, silu};
 pub use isa::{KERNELS_VARIABLE, check_kernel_choice};
 pub(crate) use packed::PackedMatrix;
