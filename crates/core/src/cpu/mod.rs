@@ -1,6 +1,6 @@
 //! Kernels for the CPU backend (burn's `flex`), where hookscope runs its own code instead of
 //! burn's: packed weight products, attention over the cache where it lies, the fused selective
-//! scan, the chunked gated delta rule, vectorised element-wise functions and an accurately summed softmax.
+//! scan, the chunked gated delta rule, the causal convolution, vectorised element-wise functions and an accurately summed softmax.
 //!
 //! The layers in `crate::nn` call these through one contract: each entry takes burn tensors
 //! and returns `Option`, `Some` when the operands live on the CPU backend as `f32` in a layout
@@ -12,6 +12,7 @@
 
 mod attention_tiles;
 mod caches;
+mod causal_conv;
 mod decode_attention;
 mod delta_rule;
 mod elementwise;
@@ -26,6 +27,7 @@ mod selective_scan;
 mod softmax;
 mod tracked;
 
+pub(crate) use causal_conv::{ConvOperands, causal_conv};
 pub(crate) use decode_attention::attend as decode_attention;
 pub use delta_rule::{DeltaRuleOperands, chunked_delta_rule};
 pub(crate) use elementwise::{SQRT_2_OVER_PI, exp, gelu_tanh, sigmoid, silu};

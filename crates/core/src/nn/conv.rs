@@ -3,10 +3,12 @@
 //!
 //! It works time-major (`[B, T, channels]`, the layout of the projections around it): the
 //! output is `kernel` shifted multiply-adds of contiguous slices, with no transposition and no
-//! general convolution routine.
+//! general convolution routine; on the CPU backend one pass of `cpu::causal_conv`, elsewhere
+//! (and under gradients) burn's operations.
 
 use burn::tensor::Tensor;
 
+use crate::cpu;
 use crate::error::Result;
 use crate::weights::WeightScope;
 
@@ -49,6 +51,15 @@ impl CausalConv1d {
     /// the previous call, `[B, kernel, channels]`; zeros when absent). Returns the output
     /// `[B, T, channels]` and the new window.
     pub fn forward(&self, x: Tensor<3>, window: Option<Tensor<3>>) -> (Tensor<3>, Tensor<3>) {
+        let operands = cpu::ConvOperands {
+            x: &x,
+            window: window.as_ref(),
+            taps: &self.taps,
+            bias: self.bias.as_ref(),
+        };
+        if let Some(result) = cpu::causal_conv(&operands) {
+            return result;
+        }
         let [batch, tokens, channels] = x.dims();
         let kernel = self.kernel;
         let window =
