@@ -1,7 +1,7 @@
 //! The pass structure of the half-panel kernels (AVX2, NEON): which rows and half panel a pass
 //! computes, and the loop over a pass's inputs.
 
-use super::{Element, PANEL, PanelRow};
+use super::{Element, PANEL, PanelRow, Start, Tile};
 
 /// Which part of a tile one pass of a half-panel kernel (AVX2, NEON) computes.
 #[derive(Clone, Copy)]
@@ -37,11 +37,50 @@ impl HalfPass {
         })
     }
 
+    /// The pass's first `rows` output rows in `tile`, in order: each row's first output in the
+    /// half panel, the half's columns the matrix has and what the row's sums add to.
+    ///
+    /// # Safety
+    /// `tile.output` must address rows `first..first + rows` of `tile.columns` writable floats,
+    /// `tile.stride` apart.
+    #[inline(always)]
+    pub(super) unsafe fn output_rows<'a, E>(
+        self,
+        tile: &Tile<'a, E>,
+        rows: usize,
+    ) -> impl Iterator<Item = HalfRow<'a>> {
+        let offset = self.half * PANEL / 2;
+        let columns = tile.columns.saturating_sub(offset).min(PANEL / 2);
+        // The half's own columns of the bias.
+        let start = match tile.start {
+            Start::Bias(bias) => Start::Bias(bias.map(|bias| &bias[offset..offset + columns])),
+            Start::Accumulate => Start::Accumulate,
+        };
+        let (output, stride, first) = (tile.output, tile.stride, self.first);
+        (0..rows).map(move |r| HalfRow {
+            // SAFETY: row `first + r` of the tile (the caller's contract), from the half's
+            // column.
+            out: unsafe { output.add((first + r) * stride + offset) },
+            columns,
+            start,
+        })
+    }
+
     /// Whether this is a tile's first pass, the one that reads the tile's block first (from
     /// memory in a block's first tile); the later ones ask for the next block ([`Upcoming`](super::prefetch::Upcoming)).
     pub(super) fn opens_tile(self) -> bool {
         (self.first, self.half) == (0, 0)
     }
+}
+
+/// One output row of a half pass ([`HalfPass::output_rows`]).
+pub(super) struct HalfRow<'a> {
+    /// The row's first output in the half panel.
+    pub(super) out: *mut f32,
+    /// The half panel's columns the matrix has: `PANEL / 2`, fewer in its last panel.
+    pub(super) columns: usize,
+    /// What the row's sums add to: the half's own columns of the bias, or the output.
+    pub(super) start: Start<'a>,
 }
 
 /// Inputs [`for_each_input`] takes per loop iteration on x86_64: four. The loop's own counting

@@ -15,7 +15,7 @@
 
 use std::arch::aarch64::*;
 
-use super::half_pass::{HalfPass, for_each_input};
+use super::half_pass::{HalfPass, HalfRow, for_each_input};
 use super::prefetch::Upcoming;
 use super::{Element, PANEL, PanelRow, Start, Tile, store_scalar};
 use crate::precision::WeightDtype;
@@ -187,16 +187,17 @@ unsafe fn store<const R: usize, E: Element>(
     tile: &Tile<'_, E>,
     pass: HalfPass,
 ) {
-    let offset = pass.half * PANEL / 2;
-    let columns = tile.columns.saturating_sub(offset).min(PANEL / 2);
-    for (r, sum) in sums.iter().enumerate() {
-        // SAFETY: row `first + r` of the tile (the caller's contract), from the half's column.
-        let out = unsafe { tile.output.add((pass.first + r) * tile.stride + offset) };
-        // The half's own columns of the bias.
-        let start = match tile.start {
-            Start::Bias(bias) => Start::Bias(bias.map(|bias| &bias[offset..offset + columns])),
-            Start::Accumulate => Start::Accumulate,
-        };
+    // SAFETY: the caller's contract is `output_rows`'.
+    let rows = unsafe { pass.output_rows(tile, R) };
+    for (
+        sum,
+        HalfRow {
+            out,
+            columns,
+            start,
+        },
+    ) in sums.iter().zip(rows)
+    {
         if columns == PANEL / 2 {
             for (v, sum) in sum.iter().enumerate() {
                 // SAFETY: a whole half panel: 16 writable floats in the row, 16 in the bias.
