@@ -10,7 +10,7 @@
 //! runs the recurrence once. Both leave the same state.
 
 use hookscope_core::burn::tensor::Tensor;
-use hookscope_core::nn::decay_matrix;
+use hookscope_core::nn::{SsdOperands, chunked_ssd, decay_matrix};
 
 /// One call's scan inputs.
 #[derive(Debug, Clone)]
@@ -51,8 +51,26 @@ fn per_head<const D: usize, const E: usize>(grouped: Tensor<D>, heads: usize) ->
 /// than one chunk is not padded to a whole one).
 ///
 /// `B` and `C` are used per group: the heads of a group are stacked along the head dimension
-/// (`[.., heads per group * P]`), so no per-head copy of them is made.
+/// (`[.., heads per group * P]`), so no per-head copy of them is made. On the CPU backend
+/// (without gradients) it runs core's fused kernel, elsewhere [`chunked_tensors`].
 pub fn chunked(inputs: ScanInputs, initial: Tensor<4>, chunk: usize) -> (Tensor<4>, Tensor<4>) {
+    let fused = chunked_ssd(&SsdOperands {
+        x: &inputs.x,
+        dt: &inputs.dt,
+        a: &inputs.a,
+        b: &inputs.b,
+        c: &inputs.c,
+        initial: &initial,
+        chunk,
+    });
+    match fused {
+        Some(result) => result,
+        None => chunked_tensors(inputs, initial, chunk),
+    }
+}
+
+/// [`chunked`] as tensor operations, on any backend and under autodiff.
+fn chunked_tensors(inputs: ScanInputs, initial: Tensor<4>, chunk: usize) -> (Tensor<4>, Tensor<4>) {
     let ScanInputs { x, dt, a, b, c } = inputs;
     let [batch, tokens, heads, head_dim] = x.dims();
     let [_, _, groups, state_size] = b.dims();
@@ -204,40 +222,59 @@ mod tests {
     }
 
     /// A chunked prefill of T tokens, for chunk sizes that do and do not divide T, equals T
-    /// one-token steps: the same outputs and the same final state.
+    /// one-token steps: the same outputs and the same final state, through the fused kernel and
+    /// the tensor form alike, with decaying rates and with one head's rate growing (an edited
+    /// input: the kernel then computes every decay of a chunk).
     #[test]
     fn chunked_prefill_equals_token_by_token_steps() {
         let tokens = 11;
-        let all = inputs(tokens);
+        let decaying = inputs(tokens);
+        let growing = ScanInputs {
+            a: Tensor::cat(
+                vec![
+                    Tensor::from_floats([0.3], &decaying.a.device()),
+                    decaying.a.clone().slice_dim(0, 1..6),
+                ],
+                0,
+            ),
+            ..decaying.clone()
+        };
         let initial = random([2, 6, 4, 5], 6);
-        let mut state = initial.clone();
-        let mut outputs = Vec::new();
-        for t in 0..tokens {
-            let one = ScanInputs {
-                x: slice_time(&all.x, t),
-                dt: slice_time(&all.dt, t),
-                a: all.a.clone(),
-                b: slice_time(&all.b, t),
-                c: slice_time(&all.c, t),
-            };
-            state = step(&one, state);
-            outputs.push(read_out(&state, &one.c));
-        }
-        let stepped = Tensor::cat(outputs, 1)
-            .into_data()
-            .try_to_vec::<f32>()
-            .unwrap();
-        let stepped_state = state.into_data().try_to_vec::<f32>().unwrap();
-        for chunk in [1, 4, 11, 16] {
-            let (y, state) = chunked(all.clone(), initial.clone(), chunk);
-            let y = y.into_data().try_to_vec::<f32>().unwrap();
-            let state = state.into_data().try_to_vec::<f32>().unwrap();
-            for (a, b) in y
-                .iter()
-                .zip(&stepped)
-                .chain(state.iter().zip(&stepped_state))
+        for all in [decaying, growing] {
+            let mut state = initial.clone();
+            let mut outputs = Vec::new();
+            for t in 0..tokens {
+                let one = ScanInputs {
+                    x: slice_time(&all.x, t),
+                    dt: slice_time(&all.dt, t),
+                    a: all.a.clone(),
+                    b: slice_time(&all.b, t),
+                    c: slice_time(&all.c, t),
+                };
+                state = step(&one, state);
+                outputs.push(read_out(&state, &one.c));
+            }
+            let stepped = Tensor::cat(outputs, 1)
+                .into_data()
+                .try_to_vec::<f32>()
+                .unwrap();
+            let stepped_state = state.into_data().try_to_vec::<f32>().unwrap();
+            let forms = [chunked, chunked_tensors];
+            for (chunk, form) in [1, 4, 11, 16]
+                .into_iter()
+                .flat_map(|c| forms.map(|f| (c, f)))
             {
-                assert!((a - b).abs() < 1e-5, "chunk {chunk}: {a} vs {b}");
+                let (y, state) = form(all.clone(), initial.clone(), chunk);
+                let y = y.into_data().try_to_vec::<f32>().unwrap();
+                let state = state.into_data().try_to_vec::<f32>().unwrap();
+                for (a, b) in y
+                    .iter()
+                    .zip(&stepped)
+                    .chain(state.iter().zip(&stepped_state))
+                {
+                    let tolerance = 1e-5 * b.abs().max(1.0);
+                    assert!((a - b).abs() < tolerance, "chunk {chunk}: {a} vs {b}");
+                }
             }
         }
     }

@@ -14,7 +14,7 @@
 use burn::tensor::Tensor;
 
 use super::attention_tiles::{HeadJob, Landing, Tiles, ValueRows, for_each_head, multiply_rows};
-use super::elementwise::exp_full_range;
+use super::elementwise::{exp_full_range, flush_tiny};
 use super::host::{dense_f32, from_host};
 use super::isa::vector_level;
 
@@ -352,26 +352,6 @@ unsafe fn run_chunk<T: Tiles>(
         )
     };
     flush_tiny(state);
-}
-
-/// Below this magnitude an operand of the rule's products is taken as zero: products of two
-/// larger ones are at least `2^-120`, a normal `f32`.
-const TINY: f32 = 1.0 / (1u64 << 60) as f32;
-
-/// Sets the values below [`TINY`] in magnitude to zero. Strong decays drive the chunk's
-/// factors, products and the carried state toward zero; a product that lands below the normal
-/// range (`2^-126`) takes a slow path on x86 cores for each multiply-add, and so do the layers
-/// after the rule that read such outputs: a 1024-token Qwen3-Next-shaped call (random weights,
-/// log-decays down to -40 a token) took 850-920 ms with them, 700-720 without. What this drops
-/// is below `2^-60` of the operands' own scale: far under `f32`'s precision of any output it
-/// adds to.
-#[inline(always)]
-fn flush_tiny(values: &mut [f32]) {
-    for value in values {
-        if value.abs() < TINY {
-            *value = 0.0;
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,6 +1,6 @@
 //! Kernels for the CPU backend (burn's `flex`), where hookscope runs its own code instead of
 //! burn's: packed weight products, attention over the cache where it lies, the fused selective
-//! scan, the chunked gated delta rule, the causal convolution, vectorised element-wise functions and an accurately summed softmax.
+//! scan, the chunked gated delta rule, the causal convolution, Mamba-2's chunked scan, vectorised element-wise functions and an accurately summed softmax.
 //!
 //! The layers in `crate::nn` call these through one contract: each entry takes burn tensors
 //! and returns `Option`, `Some` when the operands live on the CPU backend as `f32` in a layout
@@ -25,6 +25,7 @@ mod pool;
 mod prompt_attention;
 mod selective_scan;
 mod softmax;
+mod ssd;
 mod tracked;
 
 pub(crate) use causal_conv::{ConvOperands, causal_conv};
@@ -44,6 +45,7 @@ pub(crate) use prompt_attention::{
 };
 pub(crate) use selective_scan::{ScanOperands, selective_scan};
 pub(crate) use softmax::softmax_last;
+pub use ssd::{SsdOperands, chunked_ssd};
 pub(crate) use tracked::{
     TrackedMatrix, gelu_tanh as tracked_gelu_tanh, multiply as tracked_multiply, pack_tracked,
 };

@@ -19,7 +19,7 @@ mod rope;
 mod rotary;
 mod selective_scan;
 
-pub use crate::cpu::{DeltaRuleOperands, chunked_delta_rule};
+pub use crate::cpu::{DeltaRuleOperands, SsdOperands, chunked_delta_rule, chunked_ssd};
 pub use activation::Activation;
 pub use attention::{
     ProjectedAttention, ProjectedAttentionSpec, QkNorm, QkNormSpan, QkvWeights, ScoreRules,
