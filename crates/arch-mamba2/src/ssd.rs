@@ -223,8 +223,9 @@ mod tests {
 
     /// A chunked prefill of T tokens, for chunk sizes that do and do not divide T, equals T
     /// one-token steps: the same outputs and the same final state, through the fused kernel and
-    /// the tensor form alike, with decaying rates and with one head's rate growing (an edited
-    /// input: the kernel then computes every decay of a chunk).
+    /// the tensor form alike, with decaying rates, with one head's rate growing (an edited
+    /// input: the kernel then computes every decay of a chunk) and with decays strong enough
+    /// that the kernel skips a chunk's earlier positions.
     #[test]
     fn chunked_prefill_equals_token_by_token_steps() {
         let tokens = 11;
@@ -239,8 +240,14 @@ mod tests {
             ),
             ..decaying.clone()
         };
+        // Step sizes of 4-44: log-decays down to -44 a token, so a chunk's earlier positions
+        // fall below the kernel's cut-off (`2^-60`) and are skipped.
+        let strong = ScanInputs {
+            dt: decaying.dt.clone() * 40.0,
+            ..decaying.clone()
+        };
         let initial = random([2, 6, 4, 5], 6);
-        for all in [decaying, growing] {
+        for all in [decaying, growing, strong] {
             let mut state = initial.clone();
             let mut outputs = Vec::new();
             for t in 0..tokens {
