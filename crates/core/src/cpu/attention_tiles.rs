@@ -10,9 +10,8 @@
 //! AVX-512 and AVX2 tiles are written in intrinsics, a portable set is left to the compiler;
 //! [`for_each_head`] runs a per-head job with the tiles of the level it is given.
 
-use rayon::prelude::*;
-
 use super::decode_attention::Strided;
+use super::host::parallel_output;
 use super::isa::VectorLevel;
 
 /// Query rows computed together: each key and value row loaded serves all of them.
@@ -31,28 +30,25 @@ pub(super) trait HeadJob: Sync {
     unsafe fn run<T: Tiles>(&self, task: usize, out: &mut [f32]);
 }
 
-/// Runs `job` for every head, each writing its `per_task` values of `output`, on rayon's
-/// threads, with the tiles of `level` (which this CPU must have).
+/// Runs `job` for every head on rayon's threads, with the tiles of `level` (which this CPU
+/// must have): `len` values, each task's `per_task` of them zero until it writes them.
 pub(super) fn for_each_head<J: HeadJob>(
     level: VectorLevel,
     job: &J,
-    output: &mut [f32],
+    len: usize,
     per_task: usize,
-) {
-    output
-        .par_chunks_mut(per_task.max(1))
-        .enumerate()
-        .for_each(|(task, out)| match level {
-            // SAFETY: `level` is `vector_level()` or below it, which found AVX-512F,
-            // AVX-512VL and FMA on this CPU.
-            #[cfg(target_arch = "x86_64")]
-            VectorLevel::Avx512 => unsafe { run_avx512(job, task, out) },
-            // SAFETY: as above, AVX2 and FMA.
-            #[cfg(target_arch = "x86_64")]
-            VectorLevel::Avx2 => unsafe { run_avx2(job, task, out) },
-            // SAFETY: the portable tiles need no instruction beyond the target's baseline.
-            VectorLevel::Baseline => unsafe { job.run::<PortableTiles>(task, out) },
-        });
+) -> Vec<f32> {
+    parallel_output(len, per_task, |task, out| match level {
+        // SAFETY: `level` is `vector_level()` or below it, which found AVX-512F,
+        // AVX-512VL and FMA on this CPU.
+        #[cfg(target_arch = "x86_64")]
+        VectorLevel::Avx512 => unsafe { run_avx512(job, task, out) },
+        // SAFETY: as above, AVX2 and FMA.
+        #[cfg(target_arch = "x86_64")]
+        VectorLevel::Avx2 => unsafe { run_avx2(job, task, out) },
+        // SAFETY: the portable tiles need no instruction beyond the target's baseline.
+        VectorLevel::Baseline => unsafe { job.run::<PortableTiles>(task, out) },
+    })
 }
 
 /// `job` compiled for AVX-512.

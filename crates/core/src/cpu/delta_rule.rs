@@ -75,8 +75,8 @@ pub fn chunked_delta_rule(operands: &DeltaRuleOperands<'_>) -> Option<(Tensor<4>
     };
     // Each task writes its outputs `[T, DV]` followed by its final state `[DK, DV]`.
     let (per_output, per_state) = (tokens * dv, dk * dv);
-    let mut results = vec![0.0f32; batch * heads * (per_output + per_state)];
-    for_each_head(vector_level(), &job, &mut results, per_output + per_state);
+    let per_task = per_output + per_state;
+    let results = for_each_head(vector_level(), &job, batch * heads * per_task, per_task);
     let mut outputs = Vec::with_capacity(batch * heads * per_output);
     let mut states = Vec::with_capacity(batch * heads * per_state);
     for task in results.chunks_exact(per_output + per_state) {

@@ -8,9 +8,8 @@
 //! `nn` hand to burn unchanged.
 
 use burn::tensor::Tensor;
-use rayon::prelude::*;
 
-use super::host::{f32_primitive, from_host};
+use super::host::{f32_primitive, from_host, parallel_output};
 use super::isa::per_vector_level;
 
 /// Values per parallel task.
@@ -74,12 +73,18 @@ pub(crate) fn gelu_tanh<const D: usize>(x: &Tensor<D>) -> Option<Tensor<D>> {
 
 per_vector_level! {
     pub(super) fn gelu_tanh_slice(input: &[f32], output: &mut [f32]) {
-        const TWO_SQRT_2_OVER_PI: f32 = (2.0 * SQRT_2_OVER_PI) as f32;
         for (y, &x) in output.iter_mut().zip(input) {
-            let u2 = TWO_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x);
-            *y = x / (1.0 + exp_f32(-u2));
+            *y = gelu_tanh_value(x);
         }
     }
+}
+
+/// The tanh approximation of GELU of one value (see [`gelu_tanh`]).
+#[inline(always)]
+fn gelu_tanh_value(x: f32) -> f32 {
+    const TWO_SQRT_2_OVER_PI: f32 = (2.0 * SQRT_2_OVER_PI) as f32;
+    let u2 = TWO_SQRT_2_OVER_PI * (x + 0.044715 * x * x * x);
+    x / (1.0 + exp_f32(-u2))
 }
 
 /// Applies `kernel` (reading a slice, writing one of the same length) to `x`'s values when it
@@ -105,20 +110,76 @@ pub(crate) fn map_f32_chunks<const D: usize>(
 
 /// `kernel` over `input`, `chunk` values at a time, chunks spread over rayon's threads.
 pub(super) fn map_slice(input: &[f32], chunk: usize, kernel: fn(&[f32], &mut [f32])) -> Vec<f32> {
-    let mut output = vec![0.0f32; input.len()];
-    output
-        .par_chunks_mut(chunk)
-        .zip(input.par_chunks(chunk))
-        .for_each(|(out, inp)| kernel(inp, out));
-    output
+    parallel_output(input.len(), chunk, |task, out| {
+        kernel(&input[task * chunk..][..out.len()], out)
+    })
 }
 
 per_vector_level! {
     fn silu_slice(input: &[f32], output: &mut [f32]) {
         for (y, &x) in output.iter_mut().zip(input) {
-            *y = x / (1.0 + exp_f32(-x));
+            *y = silu_value(x);
         }
     }
+}
+
+/// `x * sigmoid(x)`, as `x / (1 + e^-x)`.
+#[inline(always)]
+fn silu_value(x: f32) -> f32 {
+    x / (1.0 + exp_f32(-x))
+}
+
+/// `silu(gate) * up` element-wise (a gated MLP's inner values) in one pass, each product of
+/// the rounded activation as burn's two operations compute it; `None` unless both are
+/// contiguous `f32` tensors of one shape on the `flex` backend.
+pub(crate) fn silu_times<const D: usize>(gate: &Tensor<D>, up: &Tensor<D>) -> Option<Tensor<D>> {
+    zip_f32(gate, up, silu_times_slice)
+}
+
+/// As [`silu_times`], with the tanh approximation of GELU ([`gelu_tanh`]) on the gate.
+pub(crate) fn gelu_tanh_times<const D: usize>(
+    gate: &Tensor<D>,
+    up: &Tensor<D>,
+) -> Option<Tensor<D>> {
+    zip_f32(gate, up, gelu_tanh_times_slice)
+}
+
+per_vector_level! {
+    fn silu_times_slice(gate: &[f32], up: &[f32], output: &mut [f32]) {
+        for ((y, &x), &u) in output.iter_mut().zip(gate).zip(up) {
+            *y = silu_value(x) * u;
+        }
+    }
+}
+
+per_vector_level! {
+    fn gelu_tanh_times_slice(gate: &[f32], up: &[f32], output: &mut [f32]) {
+        for ((y, &x), &u) in output.iter_mut().zip(gate).zip(up) {
+            *y = gelu_tanh_value(x) * u;
+        }
+    }
+}
+
+/// `kernel(a, b, output)` over two contiguous `f32` tensors of one shape on the `flex`
+/// backend, [`CHUNK`] values a task.
+fn zip_f32<const D: usize>(
+    a: &Tensor<D>,
+    b: &Tensor<D>,
+    kernel: fn(&[f32], &[f32], &mut [f32]),
+) -> Option<Tensor<D>> {
+    if a.dims() != b.dims() {
+        return None;
+    }
+    let (a_storage, b_storage) = (f32_primitive(a)?, f32_primitive(b)?);
+    if !a_storage.is_contiguous() || !b_storage.is_contiguous() {
+        return None;
+    }
+    let (a_values, b_values) = (a_storage.as_slice::<f32>()?, b_storage.as_slice::<f32>()?);
+    let output = parallel_output(a_values.len(), CHUNK, |task, out| {
+        let run = task * CHUNK..task * CHUNK + out.len();
+        kernel(&a_values[run.clone()], &b_values[run], out)
+    });
+    Some(from_host(output, a.dims()))
 }
 
 /// Below this magnitude an operand of the chunked scans' products is taken as zero: products
@@ -162,6 +223,24 @@ pub(super) fn above_tiny(value: f32) -> f32 {
     }
 }
 
+/// The largest of `values` (`-inf` for none), NaN ignored, kept in 16 independent lanes so that
+/// the loop vectorises: a single running maximum is a chain the compiler leaves scalar.
+#[inline(always)]
+pub(super) fn max_lanes(values: &[f32]) -> f32 {
+    const LANES: usize = 16;
+    let mut lanes = [f32::NEG_INFINITY; LANES];
+    let (body, tail) = values.as_chunks::<LANES>();
+    for chunk in body {
+        for (lane, &value) in lanes.iter_mut().zip(chunk) {
+            *lane = if value > *lane { value } else { *lane };
+        }
+    }
+    lanes
+        .iter()
+        .chain(tail)
+        .fold(f32::NEG_INFINITY, |max, &value| max.max(value))
+}
+
 /// `e^x` for finite `x` (clamped to the range where `e^x` is a normal float).
 #[inline(always)]
 pub(crate) fn exp_f32(x: f32) -> f32 {
@@ -169,10 +248,12 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     // ln 2 split in two so that `n * LN2_HIGH` is exact.
     const LN2_HIGH: f32 = 0.693_359_4;
     const LN2_LOW: f32 = -2.121_944_4e-4;
-    // Adding 1.5 * 2^23 rounds to the nearest integer in the low mantissa bits.
+    // Adding 1.5 * 2^23 rounds to the nearest integer `n` in the low mantissa bits: the sum's
+    // bits are those of 1.5 * 2^23 plus `n`.
     const ROUNDER: f32 = 12_582_912.0;
     let x = x.clamp(-87.0, 88.0);
-    let n = (x * LOG2_E + ROUNDER) - ROUNDER;
+    let rounded = x * LOG2_E + ROUNDER;
+    let n = rounded - ROUNDER;
     let r = x - n * LN2_HIGH - n * LN2_LOW;
     let mut p = 1.987_569_1e-4_f32;
     p = p * r + 1.398_199_9e-3;
@@ -181,7 +262,10 @@ pub(crate) fn exp_f32(x: f32) -> f32 {
     p = p * r + 1.666_666_5e-1;
     p = p * r + 0.5;
     let e_r = p * r * r + r + 1.0;
-    let scale = f32::from_bits(((n as i32 + 127) << 23) as u32);
+    // `2^n` from those bits: `n + 127` in the exponent field, the bits of 1.5 * 2^23 shifted
+    // out (its low nine bits are zero). Integer adds and shifts vectorise; a float-to-integer
+    // cast (`n as i32`, saturating) became one scalar conversion a lane.
+    let scale = f32::from_bits(rounded.to_bits().wrapping_add(127) << 23);
     e_r * scale
 }
 
@@ -289,5 +373,39 @@ mod tests {
         // A transposed view is not contiguous: the kernel leaves it to burn.
         let square: Tensor<2> = x.slice([0..1, 0..40_000]).reshape([200, 200]);
         assert!(silu(&square.transpose()).is_none());
+    }
+
+    /// The fused gated forms give what the activation and burn's product give, over several
+    /// tasks' chunks and a short last one; other shapes and layouts are left to burn.
+    #[test]
+    fn gated_forms_match_the_activation_times_the_up_values() {
+        let count = 2 * CHUNK + 77;
+        let device = Device::default();
+        let tensor = |values: Vec<f32>| -> Tensor<2> {
+            Tensor::from_data(TensorData::new(values, [1, count]), &device)
+        };
+        let gate = tensor((0..count).map(|i| (i as f32 - 17_000.0) * 0.0021).collect());
+        let up = tensor(
+            (0..count)
+                .map(|i| ((i * 7919) % 1000) as f32 * 0.003 - 1.5)
+                .collect(),
+        );
+        let read = |t: Tensor<2>| t.into_data().try_to_vec::<f32>().unwrap();
+        let silu_values = silu(&gate).unwrap();
+        let gelu_values = gelu_tanh(&gate).unwrap();
+        assert_eq!(
+            read(silu_times(&gate, &up).unwrap()),
+            read(silu_values * up.clone())
+        );
+        assert_eq!(
+            read(gelu_tanh_times(&gate, &up).unwrap()),
+            read(gelu_values * up.clone())
+        );
+        let shorter = up.clone().slice([0..1, 0..count - 1]);
+        assert!(silu_times(&gate, &shorter).is_none());
+        // Transposed views (`[count / 2, 2]` of `[2, count / 2]`) are not contiguous.
+        let even = count - 1;
+        let transposed = |t: Tensor<2>| t.slice([0..1, 0..even]).reshape([2, even / 2]).transpose();
+        assert!(silu_times(&transposed(gate), &transposed(up)).is_none());
     }
 }

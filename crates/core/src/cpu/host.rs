@@ -5,6 +5,7 @@
 use burn::backend::Flex;
 use burn::backend::flex::FlexTensor;
 use burn::tensor::{DType, Tensor, TensorData};
+use rayon::prelude::*;
 
 /// The tensor's `flex` storage when it lives on that backend as `f32`.
 pub(crate) fn f32_primitive<const D: usize>(tensor: &Tensor<D>) -> Option<FlexTensor> {
@@ -50,4 +51,31 @@ pub(crate) fn contiguous_values(tensor: &FlexTensor) -> &[f32] {
     tensor
         .as_slice::<f32>()
         .expect("`to_host_f32` returns contiguous f32 storage")
+}
+
+/// `len` values made on rayon's threads: `fill(task, values)` for each run of `chunk` values
+/// (the last may be shorter), which that task zeroes first. The same as zeroing the whole
+/// vector and then filling its runs in parallel, without that zeroing: one pass over the
+/// output on the calling thread ahead of every kernel's parallel part (on a Llama-shaped
+/// 8 x 128-token call, 4 % of the time with bf16 products). A task zeroes its run where it
+/// then writes it, in its own cache.
+pub(crate) fn parallel_output<T: Copy + Default + Send + Sync>(
+    len: usize,
+    chunk: usize,
+    fill: impl Fn(usize, &mut [T]) + Sync,
+) -> Vec<T> {
+    let mut output = Vec::with_capacity(len);
+    output.spare_capacity_mut()[..len]
+        .par_chunks_mut(chunk.max(1))
+        .enumerate()
+        .for_each(|(task, run)| {
+            for value in run.iter_mut() {
+                value.write(T::default());
+            }
+            // SAFETY: every value of the run was written just above.
+            fill(task, unsafe { run.assume_init_mut() });
+        });
+    // SAFETY: the runs cover the first `len` values, each written by its task.
+    unsafe { output.set_len(len) };
+    output
 }

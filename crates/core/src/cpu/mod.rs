@@ -1,6 +1,7 @@
 //! Kernels for the CPU backend (burn's `flex`), where hookscope runs its own code instead of
 //! burn's: packed weight products, attention over the cache where it lies, the fused selective
-//! scan, the chunked gated delta rule, the causal convolution, Mamba-2's chunked scan, vectorised element-wise functions and an accurately summed softmax.
+//! scan, the chunked gated delta rule, the causal convolution, Mamba-2's chunked scan, RMSNorm,
+//! rotary embeddings, vectorised element-wise functions and an accurately summed softmax.
 //!
 //! The layers in `crate::nn` call these through one contract: each entry takes burn tensors
 //! and returns `Option`, `Some` when the operands live on the CPU backend as `f32` in a layout
@@ -23,6 +24,8 @@ mod packed_tensors;
 mod peak;
 mod pool;
 mod prompt_attention;
+mod rms_norm;
+mod rotary;
 mod selective_scan;
 mod softmax;
 mod ssd;
@@ -31,7 +34,9 @@ mod tracked;
 pub(crate) use causal_conv::{ConvOperands, causal_conv};
 pub(crate) use decode_attention::attend as decode_attention;
 pub use delta_rule::{DeltaRuleOperands, chunked_delta_rule};
-pub(crate) use elementwise::{SQRT_2_OVER_PI, exp, gelu_tanh, sigmoid, silu};
+pub(crate) use elementwise::{
+    SQRT_2_OVER_PI, exp, gelu_tanh, gelu_tanh_times, sigmoid, silu, silu_times,
+};
 pub use isa::{KERNELS_VARIABLE, check_kernel_choice};
 pub(crate) use packed::PackedMatrix;
 pub use packed::product_kernels;
@@ -43,6 +48,8 @@ pub use pool::on_worker;
 pub(crate) use prompt_attention::{
     attend as prompt_attention, scores as attention_scores, weighted_values,
 };
+pub(crate) use rms_norm::rms_norm;
+pub(crate) use rotary::rotate_half;
 pub(crate) use selective_scan::{ScanOperands, selective_scan};
 pub(crate) use softmax::softmax_last;
 pub use ssd::{SsdOperands, chunked_ssd};

@@ -19,7 +19,7 @@ use super::attention_tiles::{
     weigh_values,
 };
 use super::decode_attention::{HostOperands, Strided, on_host};
-use super::elementwise::exp_f32;
+use super::elementwise::{exp_f32, max_lanes};
 use super::host::{dense_f32, f32_primitive, from_host};
 use super::isa::{VectorLevel, vector_level};
 
@@ -53,9 +53,7 @@ pub(super) fn attend_at(
             scale,
         };
         let per_head = tokens * dim;
-        let mut output = vec![0.0f32; batch * heads * per_head];
-        for_each_head(level, &job, &mut output, per_head);
-        output
+        for_each_head(level, &job, batch * heads * per_head, per_head)
     })?;
     Some(from_host(output, [batch, heads, tokens, dim]))
 }
@@ -87,9 +85,7 @@ pub(super) fn scores_at(
             scale,
         };
         let per_head = tokens * positions;
-        let mut output = vec![0.0f32; batch * heads * per_head];
-        for_each_head(level, &job, &mut output, per_head);
-        output
+        for_each_head(level, &job, batch * heads * per_head, per_head)
     })?;
     Some(from_host(output, [batch, heads, tokens, positions]))
 }
@@ -127,8 +123,7 @@ pub(super) fn weighted_values_at(
         dim,
     };
     let per_head = tokens * dim;
-    let mut output = vec![0.0f32; batch * heads * per_head];
-    for_each_head(level, &job, &mut output, per_head);
+    let output = for_each_head(level, &job, batch * heads * per_head, per_head);
     Some(from_host(output, [batch, heads, tokens, dim]))
 }
 
@@ -356,10 +351,8 @@ fn softmax_in_place(weights: &mut [f32], hidden: &[bool]) -> f32 {
     for (weight, &hidden) in weights.iter_mut().zip(hidden) {
         *weight = if hidden { f32::NEG_INFINITY } else { *weight };
     }
-    // Branch-free forms, so that both loops vectorise (no score is NaN).
-    let max = weights
-        .iter()
-        .fold(f32::NEG_INFINITY, |m, &w| if w > m { w } else { m });
+    // Branch-free forms, so that the loops vectorise (no score is NaN).
+    let max = max_lanes(weights);
     for weight in weights.iter_mut() {
         let shifted = *weight - max;
         *weight = if shifted == f32::NEG_INFINITY || max == f32::NEG_INFINITY {

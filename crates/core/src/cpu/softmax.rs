@@ -10,7 +10,7 @@
 
 use burn::tensor::Tensor;
 
-use super::elementwise::{exp_f32, map_f32_chunks};
+use super::elementwise::{exp_f32, map_f32_chunks, max_lanes};
 use super::isa::per_vector_level;
 
 /// Exponentials per block: each of the block's `LANES` running `f32` sums adds 64 values
@@ -27,7 +27,7 @@ pub(crate) fn softmax_last<const D: usize>(x: &Tensor<D>) -> Option<Tensor<D>> {
 
 per_vector_level! {
     fn softmax_row(input: &[f32], output: &mut [f32]) {
-        let max = input.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let max = max_lanes(input);
         for (y, &v) in output.iter_mut().zip(input) {
             let shifted = v - max;
             // Below e^-87.5 the value is 0 (and -inf - max is -inf); NaN stays NaN.

@@ -69,13 +69,13 @@ pub fn chunked_ssd(operands: &SsdOperands<'_>) -> Option<(Tensor<4>, Tensor<4>)>
     // Each chunk's `C Bᵀ` `[rows, rows]`, per sequence and group, in blocks of `chunk²`.
     let chunks = tokens.div_ceil(shape.chunk);
     let block = shape.chunk * shape.chunk;
-    let mut products = vec![0.0f32; batch * groups * chunks * block];
+    let products_len = batch * groups * chunks * block;
     let products_job = ProductsJob {
         shape: &shape,
         b,
         c,
     };
-    for_each_head(vector_level(), &products_job, &mut products, block);
+    let products = for_each_head(vector_level(), &products_job, products_len, block);
     let job = ScanJob {
         shape: &shape,
         x: x.as_slice::<f32>()?,
@@ -88,8 +88,8 @@ pub fn chunked_ssd(operands: &SsdOperands<'_>) -> Option<(Tensor<4>, Tensor<4>)>
     };
     // Each task writes its outputs `[T, P]` followed by its final state `[P, N]`.
     let (per_output, per_state) = (tokens * p, p * n);
-    let mut results = vec![0.0f32; batch * heads * (per_output + per_state)];
-    for_each_head(vector_level(), &job, &mut results, per_output + per_state);
+    let per_task = per_output + per_state;
+    let results = for_each_head(vector_level(), &job, batch * heads * per_task, per_task);
     let mut y = vec![0.0f32; batch * tokens * heads * p];
     let mut states = Vec::with_capacity(batch * heads * per_state);
     for (task, result) in results.chunks_exact(per_output + per_state).enumerate() {

@@ -49,6 +49,17 @@ impl Activation {
             Activation::Silu => super::silu(x),
         }
     }
+
+    /// `act(gate) * up`, a gated MLP's inner values: in one pass on the CPU backend for SiLU
+    /// and tanh GELU (the same values as the two steps).
+    pub fn gated<const D: usize>(self, gate: Tensor<D>, up: Tensor<D>) -> Tensor<D> {
+        let fused = match self {
+            Activation::Silu => crate::cpu::silu_times(&gate, &up),
+            Activation::GeluTanh => crate::cpu::gelu_tanh_times(&gate, &up),
+            Activation::Gelu | Activation::Relu => None,
+        };
+        fused.unwrap_or_else(|| self.forward(gate) * up)
+    }
 }
 
 /// `0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))`: vectorised on the CPU backend

@@ -162,7 +162,7 @@ impl GatedMlp {
         let up = call.visit(site(MlpSite::UpProjection), up)?;
         let post = call.visit(
             site(MlpSite::PostActivation),
-            self.activation.forward(pre) * up,
+            self.activation.gated(pre, up),
         )?;
         Ok(self.down.forward(post))
     }
@@ -171,6 +171,6 @@ impl GatedMlp {
     /// (a mixture's experts).
     pub fn forward<const D: usize>(&self, x: Tensor<D>) -> Tensor<D> {
         let [gate, up] = Linear::forward_each([&self.gate, &self.up], x);
-        self.down.forward(self.activation.forward(gate) * up)
+        self.down.forward(self.activation.gated(gate, up))
     }
 }

@@ -10,6 +10,8 @@ use std::f64::consts::PI;
 
 use burn::tensor::{Device, Int, Tensor, TensorData};
 
+use crate::cpu;
+
 /// How the inverse frequencies are scaled.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RopeScaling {
@@ -216,6 +218,11 @@ impl Rotary {
     /// `D`, as GPT-NeoX's `rotary_pct` makes it), the first dimensions rotate and the rest pass
     /// through.
     pub fn apply(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
+        cpu::rotate_half(&x, cos, sin).unwrap_or_else(|| Rotary::apply_tensors(x, cos, sin))
+    }
+
+    /// [`Rotary::apply`] as burn operations (other backends, gradients).
+    fn apply_tensors(x: Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Tensor<4> {
         let [.., dim] = x.dims();
         let rotary = cos.dims()[3];
         let (x, pass) = if rotary < dim {
@@ -280,4 +287,44 @@ fn yarn_ramp(
     let (low, high) = (low.max(0.0), high.min(dim - 1.0));
     // transformers' guard against a zero-width ramp.
     (low, if low == high { high + 0.001 } else { high })
+}
+
+#[cfg(test)]
+mod tests {
+    use burn::tensor::{Device, TensorData};
+
+    use super::*;
+
+    /// Queries as the attention layers hand them over (a `[B, heads, T, D]` view of
+    /// `[B, T, heads, D]`), rotated on the CPU kernel and as burn operations: whole and partial
+    /// rotary, odd sizes, positions of several prompts.
+    #[test]
+    fn the_kernel_rotates_as_the_tensor_form_does() {
+        let device = Device::default();
+        let [batch, tokens, heads] = [2, 7, 3];
+        for (dim, rotary_dims) in [(8, 8), (10, 6), (18, 18)] {
+            let count = batch * tokens * heads * dim;
+            let values: Vec<f32> = (0..count)
+                .map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.03)
+                .collect();
+            let projected: Tensor<4> = Tensor::from_data(
+                TensorData::new(values, [batch, tokens, heads, dim]),
+                &device,
+            );
+            let x = projected.swap_dims(1, 2);
+            let positions: Vec<i64> = (0..(batch * tokens) as i64).map(|p| 3 * p + 1).collect();
+            let positions = Tensor::from_data(TensorData::new(positions, [batch, tokens]), &device);
+            let rotary = Rotary::new(rotary_dims, 10_000.0, RopeScaling::Default);
+            let (cos, sin) = rotary.cos_sin(&positions);
+            let read = |t: Tensor<4>| t.into_data().try_to_vec::<f32>().unwrap();
+            let kernel = cpu::rotate_half(&x, &cos, &sin).expect("f32 on the CPU backend");
+            let tensors = Rotary::apply_tensors(x.clone(), &cos, &sin);
+            assert_eq!(kernel.dims(), [batch, heads, tokens, dim]);
+            assert_eq!(
+                read(kernel),
+                read(tensors),
+                "head dim {dim}, rotary {rotary_dims}"
+            );
+        }
+    }
 }

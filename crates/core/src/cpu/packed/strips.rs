@@ -5,11 +5,10 @@
 //! reused across them, made products alone 2-10 % faster but whole calls no faster, and kept a
 //! copy of every product's activations per thread: left out, see `BENCHMARKS.md`.)
 
-use rayon::prelude::*;
-
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
+use crate::cpu::host::parallel_output;
 use crate::cpu::isa::per_vector_level;
 use crate::precision::MatmulPrecision;
 
@@ -129,21 +128,17 @@ fn pack_strips<T: Copy + Default + Send + Sync>(
     units: usize,
     fill: impl Fn(&mut [T], &[&[f32]], &mut Vec<T>) + Sync,
 ) -> Vec<T> {
-    let mut strips = vec![T::default(); rows * units];
     if units == 0 {
-        return strips;
+        return vec![T::default(); rows * units];
     }
-    strips
-        .par_chunks_mut(TILE_ROWS * units)
-        .zip(x.par_chunks(TILE_ROWS * d_in))
-        .for_each_init(Vec::new, |scratch, (strip, x_rows)| {
-            let mut rows = [&[][..]; TILE_ROWS];
-            for (slot, row) in rows.iter_mut().zip(x_rows.chunks_exact(d_in)) {
-                *slot = row;
-            }
-            fill(strip, &rows[..strip.len() / units], scratch);
-        });
-    strips
+    parallel_output(rows * units, TILE_ROWS * units, |task, strip| {
+        let x_rows = &x[task * TILE_ROWS * d_in..][..strip.len() / units * d_in];
+        let mut rows = [&[][..]; TILE_ROWS];
+        for (slot, row) in rows.iter_mut().zip(x_rows.chunks_exact(d_in)) {
+            *slot = row;
+        }
+        fill(strip, &rows[..strip.len() / units], &mut Vec::new());
+    })
 }
 
 /// Converts each of `rows` with `convert` (a row, its `units` values) into `scratch`, then
@@ -249,23 +244,20 @@ impl Bf16Rows {
         use std::arch::is_x86_feature_detected as has;
         assert!(has!("avx512f") && has!("avx512bf16"), "AVX-512 BF16");
         let group_len = d_in.div_ceil(STEP_DEPTH).max(1) * STEP_VALUES;
-        let mut values = vec![0; rows.div_ceil(STEP_ROWS) * group_len];
-        if d_in > 0 {
-            values
-                .par_chunks_mut(group_len)
-                .zip(x.par_chunks(STEP_ROWS * d_in))
-                .for_each(|(group, x)| {
-                    for (row, x) in x.chunks_exact(d_in).enumerate() {
-                        for (chunk, x) in x.chunks(STEP_DEPTH).enumerate() {
-                            let at = group[chunk * STEP_VALUES + row * STEP_DEPTH..]
-                                .first_chunk_mut()
-                                .expect("a step holds STEP_DEPTH values a row");
-                            // SAFETY: the CPU has AVX-512 BF16 (asserted above).
-                            unsafe { round_to_bf16(x, at) };
-                        }
-                    }
-                });
-        }
+        let groups = rows.div_ceil(STEP_ROWS);
+        let values = parallel_output(groups * group_len, group_len, |task, group| {
+            let x =
+                &x[task * STEP_ROWS * d_in..][..(rows - task * STEP_ROWS).min(STEP_ROWS) * d_in];
+            for (row, x) in x.chunks_exact(d_in.max(1)).enumerate() {
+                for (chunk, x) in x.chunks(STEP_DEPTH).enumerate() {
+                    let at = group[chunk * STEP_VALUES + row * STEP_DEPTH..]
+                        .first_chunk_mut()
+                        .expect("a step holds STEP_DEPTH values a row");
+                    // SAFETY: the CPU has AVX-512 BF16 (asserted above).
+                    unsafe { round_to_bf16(x, at) };
+                }
+            }
+        });
         Bf16Rows { values, group_len }
     }
 
