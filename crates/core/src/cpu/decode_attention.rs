@@ -11,7 +11,7 @@ use burn::backend::flex::FlexTensor;
 use burn::tensor::{Bool, Tensor};
 use rayon::prelude::*;
 
-use super::elementwise::exp_f32;
+use super::elementwise::{exp_f32, sum_lanes};
 use super::host::{f32_primitive, from_host};
 use super::isa::per_vector_level;
 
@@ -175,10 +175,10 @@ per_vector_level! {
             .zip(out.chunks_exact_mut(dim))
             .zip((0..sizes.tokens).cycle())
         {
-            let visible = &mask[row * positions..][..positions];
+            let hidden = &mask[row * positions..][..positions];
             let mut max = f32::NEG_INFINITY;
             for (position, score) in scores.iter_mut().enumerate() {
-                *score = if visible[position] {
+                *score = if hidden[position] {
                     f32::NEG_INFINITY
                 } else {
                     scale * dot(query, keys.row(b, kv_head, position, dim))
@@ -189,13 +189,22 @@ per_vector_level! {
             if max == f32::NEG_INFINITY {
                 continue;
             }
-            let mut total = 0.0f32;
-            for (position, &score) in scores.iter().enumerate() {
-                if score == f32::NEG_INFINITY {
+            // The weights in one vectorised pass (an exponential a key inside the loop below
+            // stayed scalar); a hidden key's is zero, a visible one's never is (`exp_f32`
+            // clamps above the subnormal range).
+            for score in scores.iter_mut() {
+                let shifted = *score - max;
+                *score = if shifted == f32::NEG_INFINITY {
+                    0.0
+                } else {
+                    exp_f32(shifted)
+                };
+            }
+            let total = sum_lanes(&scores);
+            for (position, &weight) in scores.iter().enumerate() {
+                if weight == 0.0 {
                     continue;
                 }
-                let weight = exp_f32(score - max);
-                total += weight;
                 for (o, &v) in out.iter_mut().zip(values.row(b, kv_head, position, dim)) {
                     *o += weight * v;
                 }

@@ -223,11 +223,27 @@ pub(super) fn above_tiny(value: f32) -> f32 {
     }
 }
 
-/// The largest of `values` (`-inf` for none), NaN ignored, kept in 16 independent lanes so that
-/// the loop vectorises: a single running maximum is a chain the compiler leaves scalar.
+/// Independent running sums or maxima of [`sum_lanes`] and [`max_lanes`] (one vector register
+/// of `f32` on AVX-512).
+const LANES: usize = 16;
+
+/// `Σ values` in [`LANES`] independent lanes (so that it vectorises), then summed.
+#[inline(always)]
+pub(super) fn sum_lanes(values: &[f32]) -> f32 {
+    let mut lanes = [0.0f32; LANES];
+    let (body, tail) = values.as_chunks::<LANES>();
+    for chunk in body {
+        for (lane, &value) in lanes.iter_mut().zip(chunk) {
+            *lane += value;
+        }
+    }
+    lanes.iter().sum::<f32>() + tail.iter().sum::<f32>()
+}
+
+/// The largest of `values` (`-inf` for none), NaN ignored, kept in [`LANES`] independent lanes
+/// so that the loop vectorises: a single running maximum is a chain the compiler leaves scalar.
 #[inline(always)]
 pub(super) fn max_lanes(values: &[f32]) -> f32 {
-    const LANES: usize = 16;
     let mut lanes = [f32::NEG_INFINITY; LANES];
     let (body, tail) = values.as_chunks::<LANES>();
     for chunk in body {

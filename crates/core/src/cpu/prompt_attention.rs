@@ -15,11 +15,11 @@
 use burn::tensor::{Bool, Tensor};
 
 use super::attention_tiles::{
-    HeadJob, LANES, ROWS, Tiles, ValueRows, for_each_head, key_blocks, load_queries, score_blocks,
+    HeadJob, ROWS, Tiles, ValueRows, for_each_head, key_blocks, load_queries, score_blocks,
     weigh_values,
 };
 use super::decode_attention::{HostOperands, Strided, on_host};
-use super::elementwise::{exp_f32, max_lanes};
+use super::elementwise::{exp_f32, max_lanes, sum_lanes};
 use super::host::{dense_f32, f32_primitive, from_host};
 use super::isa::{VectorLevel, vector_level};
 
@@ -363,17 +363,4 @@ fn softmax_in_place(weights: &mut [f32], hidden: &[bool]) -> f32 {
     }
     let total = sum_lanes(weights);
     if total > 0.0 { 1.0 / total } else { 0.0 }
-}
-
-/// `Σ values` in [`LANES`] independent lanes (so that it vectorises), then summed.
-#[inline(always)]
-fn sum_lanes(values: &[f32]) -> f32 {
-    let mut lanes = [0.0f32; LANES];
-    let (body, tail) = values.as_chunks::<LANES>();
-    for chunk in body {
-        for (lane, &value) in lanes.iter_mut().zip(chunk) {
-            *lane += value;
-        }
-    }
-    lanes.iter().sum::<f32>() + tail.iter().sum::<f32>()
 }
