@@ -230,14 +230,20 @@ const LANES: usize = 16;
 /// `Σ values` in [`LANES`] independent lanes (so that it vectorises), then summed.
 #[inline(always)]
 pub(super) fn sum_lanes(values: &[f32]) -> f32 {
+    sum_lanes_of(values, |value| value)
+}
+
+/// `Σ term(value)` over `values`, summed as [`sum_lanes`] sums.
+#[inline(always)]
+pub(super) fn sum_lanes_of(values: &[f32], term: impl Fn(f32) -> f32) -> f32 {
     let mut lanes = [0.0f32; LANES];
     let (body, tail) = values.as_chunks::<LANES>();
     for chunk in body {
         for (lane, &value) in lanes.iter_mut().zip(chunk) {
-            *lane += value;
+            *lane += term(value);
         }
     }
-    lanes.iter().sum::<f32>() + tail.iter().sum::<f32>()
+    lanes.iter().sum::<f32>() + tail.iter().map(|&value| term(value)).sum::<f32>()
 }
 
 /// The largest of `values` (`-inf` for none), NaN ignored, kept in [`LANES`] independent lanes

@@ -5,12 +5,9 @@
 
 use burn::tensor::Tensor;
 
-use super::elementwise::CHUNK;
+use super::elementwise::{CHUNK, sum_lanes_of};
 use super::host::{dense_f32, from_host, parallel_output};
 use super::isa::per_vector_level;
-
-/// Independent running sums of a row's squares (one vector register of `f32` on AVX-512).
-const LANES: usize = 16;
 
 /// `x / sqrt(mean(x²) + eps)` over the last axis, times `weight` (`[width]`) when given, in
 /// the order burn's operations compute it (the scale rounded, then each product); `None`
@@ -56,15 +53,7 @@ struct Row<'a> {
 
 per_vector_level! {
     fn normalise_row(row: &Row<'_>, values: &[f32], out: &mut [f32]) {
-        let mut lanes = [0.0f32; LANES];
-        let (body, tail) = values.as_chunks::<LANES>();
-        for chunk in body {
-            for (lane, &value) in lanes.iter_mut().zip(chunk) {
-                *lane += value * value;
-            }
-        }
-        let squares = lanes.iter().sum::<f32>() + tail.iter().map(|v| v * v).sum::<f32>();
-        let mean_square = squares / values.len() as f32;
+        let mean_square = sum_lanes_of(values, |value| value * value) / values.len() as f32;
         let scale = 1.0 / (mean_square + row.eps).sqrt();
         match row.weight {
             Some(weight) => {

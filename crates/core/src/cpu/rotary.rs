@@ -39,6 +39,7 @@ pub(crate) fn rotate_half(x: &Tensor<4>, cos: &Tensor<4>, sin: &Tensor<4>) -> Op
             let head = HeadRows {
                 rows: &rows,
                 at: [b, head % heads],
+                dim,
                 rotary,
             };
             rotate_head(&head, &cos[angles.clone()], &sin[angles], out);
@@ -52,14 +53,15 @@ struct HeadRows<'a> {
     rows: &'a Strided<'a>,
     /// `[b, head]`.
     at: [usize; 2],
+    /// Dims of a row, and of those the first that rotate.
+    dim: usize,
     rotary: usize,
 }
 
 per_vector_level! {
     fn rotate_head(head: &HeadRows<'_>, cos: &[f32], sin: &[f32], out: &mut [f32]) {
         let [b, h] = head.at;
-        let half = head.rotary / 2;
-        let dim = out.len() / (cos.len() / head.rotary);
+        let (dim, half) = (head.dim, head.rotary / 2);
         let angles = cos.chunks_exact(head.rotary).zip(sin.chunks_exact(head.rotary));
         for (t, (out, (cos, sin))) in out.chunks_exact_mut(dim).zip(angles).enumerate() {
             let x = head.rows.row(b, h, t, dim);
