@@ -2,17 +2,20 @@
 //! of a head that use them.
 //!
 //! A head is computed in blocks of [`ROWS`] query rows. Its keys are laid out once in blocks of
-//! `KEYS` positions, `[D, KEYS]` each (32 with AVX-512, 16 otherwise), so that a block's scores
+//! `KEYS` positions, `[D, KEYS]` each (32 with AVX-512, 16 with AVX2 and NEON), so that a block's scores
 //! against a row block are `ROWS x KEYS` sums in eight vector registers, one fused multiply-add
 //! per query row and vector per head dimension, no horizontal sums. Its values are copied once
 //! with rows padded to whole vectors, and a row block's weighted values are `ROWS x COLUMNS`
 //! sums in registers (64 columns with AVX-512, 16 otherwise) while the value rows stream past.
-//! AVX-512 and AVX2 tiles are written in intrinsics, a portable set is left to the compiler;
-//! [`for_each_head`] runs a per-head job with the tiles of the level it is given.
+//! The tiles are written once over a [`Vector`] register ([`VectorTiles`]) and sized for each
+//! level's registers; [`for_each_head`] runs a per-head job with the tiles of the level it is given.
 
 use super::decode_attention::Strided;
 use super::host::parallel_output;
 use super::isa::VectorLevel;
+#[cfg(not(target_arch = "aarch64"))]
+use super::vector::PlainLanes;
+use super::vector::Vector;
 
 /// Query rows computed together: each key and value row loaded serves all of them.
 pub(super) const ROWS: usize = 4;
@@ -24,6 +27,10 @@ pub(super) const MAX_COLUMNS: usize = 64;
 /// Work on one query head (task `b * NH + h`) that uses the tiles of a vector level.
 pub(super) trait HeadJob: Sync {
     /// Writes task `task`'s output into `out`.
+    ///
+    /// Implementations are `#[inline(always)]`, as is all they call with `T`: [`for_each_head`]
+    /// compiles them into a function with the level's target features, which out-of-line code
+    /// would not have (its tiles' vector methods would then be calls, each of them).
     ///
     /// # Safety
     /// The CPU must have `T`'s instructions.
@@ -47,7 +54,7 @@ pub(super) fn for_each_head<J: HeadJob>(
         #[cfg(target_arch = "x86_64")]
         VectorLevel::Avx2 => unsafe { run_avx2(job, task, out) },
         // SAFETY: the portable tiles need no instruction beyond the target's baseline.
-        VectorLevel::Baseline => unsafe { job.run::<PortableTiles>(task, out) },
+        VectorLevel::Baseline => unsafe { job.run::<BaselineTiles>(task, out) },
     })
 }
 
@@ -59,7 +66,7 @@ pub(super) fn for_each_head<J: HeadJob>(
 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
 unsafe fn run_avx512<J: HeadJob>(job: &J, task: usize, out: &mut [f32]) {
     // SAFETY: this function's features are the tiles'.
-    unsafe { job.run::<x86::Avx512Tiles>(task, out) }
+    unsafe { job.run::<Avx512Tiles>(task, out) }
 }
 
 /// `job` compiled for AVX2.
@@ -70,7 +77,7 @@ unsafe fn run_avx512<J: HeadJob>(job: &J, task: usize, out: &mut [f32]) {
 #[target_feature(enable = "avx2,fma")]
 unsafe fn run_avx2<J: HeadJob>(job: &J, task: usize, out: &mut [f32]) {
     // SAFETY: this function's features are the tiles'.
-    unsafe { job.run::<x86::Avx2Tiles>(task, out) }
+    unsafe { job.run::<Avx2Tiles>(task, out) }
 }
 
 /// A key/value head's keys in blocks of `KEYS` positions, each `[D, KEYS]` (block `i` at
@@ -308,27 +315,44 @@ pub(super) trait Tiles {
     );
 }
 
-/// Tiles left to the compiler, for CPUs without the vector levels above (aarch64's NEON fuses
-/// multiply-adds; x86-64's baseline does not, so the sums take a product and an addition there
-/// rather than a call to libm's `fmaf`).
-pub(super) struct PortableTiles;
+/// The tiles of one [`Vector`] type: score tiles of `KEY_VECTORS` vectors a row, value tiles of
+/// `COLUMN_VECTORS` vectors a row, and of `STEP_VECTORS` (one [`LANES`]-wide step) for a head's
+/// columns past the last whole tile. A tile's `ROWS x` vectors of sums stay in registers while
+/// the keys or value rows stream past: one fused multiply-add per row and vector per input.
+pub(super) struct VectorTiles<
+    V,
+    const KEY_VECTORS: usize,
+    const COLUMN_VECTORS: usize,
+    const STEP_VECTORS: usize,
+>(std::marker::PhantomData<V>);
 
-impl PortableTiles {
-    const FUSED: bool = cfg!(target_arch = "aarch64");
+/// AVX-512: 32-key score tiles (eight registers of sums), 64-column value tiles (sixteen).
+#[cfg(target_arch = "x86_64")]
+pub(super) type Avx512Tiles = VectorTiles<std::arch::x86_64::__m512, 2, 4, 1>;
+/// AVX2: 16-key score tiles and 16-column value tiles, eight registers of sums each.
+#[cfg(target_arch = "x86_64")]
+pub(super) type Avx2Tiles = VectorTiles<std::arch::x86_64::__m256, 2, 2, 2>;
+/// NEON: 16-key score tiles and 16-column value tiles, sixteen of the 32 registers of sums
+/// each.
+#[cfg(target_arch = "aarch64")]
+pub(super) type BaselineTiles = VectorTiles<std::arch::aarch64::float32x4_t, 4, 4, 4>;
+/// Elsewhere (x86-64's SSE2): 8-key score tiles (eight of its sixteen registers), 16-column
+/// value tiles.
+#[cfg(not(target_arch = "aarch64"))]
+pub(super) type BaselineTiles = VectorTiles<PlainLanes, 2, 4, 4>;
+
+impl<V: Vector, const KEY_VECTORS: usize, const COLUMN_VECTORS: usize, const STEP_VECTORS: usize>
+    Tiles for VectorTiles<V, KEY_VECTORS, COLUMN_VECTORS, STEP_VECTORS>
+{
+    const KEYS: usize = KEY_VECTORS * V::LANES;
+    const COLUMNS: usize = {
+        assert!(STEP_VECTORS * V::LANES == LANES);
+        let columns = COLUMN_VECTORS * V::LANES;
+        assert!(columns.is_multiple_of(LANES) && columns <= MAX_COLUMNS);
+        columns
+    };
 
     #[inline(always)]
-    fn multiply_add(a: f32, b: f32, c: f32) -> f32 {
-        match Self::FUSED {
-            true => a.mul_add(b, c),
-            false => a * b + c,
-        }
-    }
-}
-
-impl Tiles for PortableTiles {
-    const KEYS: usize = 16;
-    const COLUMNS: usize = LANES;
-
     unsafe fn score_tile(
         query: &[[f32; ROWS]],
         keys: &[f32],
@@ -336,21 +360,36 @@ impl Tiles for PortableTiles {
         scores: &mut [f32],
         stride: usize,
     ) {
-        let mut sums = [[0.0f32; Self::KEYS]; ROWS];
-        for (q, k) in query.iter().zip(keys.chunks_exact(Self::KEYS)) {
+        let width = Self::KEYS;
+        assert!(keys.len() >= query.len() * width && scores.len() >= (ROWS - 1) * stride + width);
+        // SAFETY (every block): the level's instructions are the caller's contract; key block
+        // `d` ends at `(d + 1) * KEYS <= keys.len()`, and row `r` of the scores has `KEYS`
+        // places (both asserted above).
+        let mut sums = [[unsafe { V::zero() }; KEY_VECTORS]; ROWS];
+        for (d, q) in query.iter().enumerate() {
+            let mut block = [unsafe { V::zero() }; KEY_VECTORS];
+            for (v, key) in block.iter_mut().enumerate() {
+                *key = unsafe { V::load(keys.as_ptr().add(d * width + v * V::LANES)) };
+            }
             for (sum, &q) in sums.iter_mut().zip(q) {
-                for (s, &k) in sum.iter_mut().zip(k) {
-                    *s = Self::multiply_add(q, k, *s);
+                let q = unsafe { V::splat(q) };
+                for (s, &k) in sum.iter_mut().zip(&block) {
+                    *s = unsafe { q.multiply_add(k, *s) };
                 }
             }
         }
-        for (r, sums) in sums.iter().enumerate() {
-            for (score, &sum) in scores[r * stride..][..Self::KEYS].iter_mut().zip(sums) {
-                *score = sum * scale;
+        let scale = unsafe { V::splat(scale) };
+        for (r, sum) in sums.iter().enumerate() {
+            for (v, &sum) in sum.iter().enumerate() {
+                unsafe {
+                    let at = scores.as_mut_ptr().add(r * stride + v * V::LANES);
+                    sum.mul(scale).store(at);
+                }
             }
         }
     }
 
+    #[inline(always)]
     unsafe fn value_tile(
         weights: &[&[f32]; ROWS],
         values: &ValueRows,
@@ -358,218 +397,53 @@ impl Tiles for PortableTiles {
         columns: usize,
         sums: &mut [[f32; MAX_COLUMNS]; ROWS],
     ) {
-        let mut tile = [[0.0f32; LANES]; ROWS];
-        debug_assert_eq!(columns, LANES);
-        for (position, row) in values
-            .data
-            .chunks_exact(values.width)
-            .take(weights[0].len())
-            .enumerate()
-        {
-            let value = &row[column..column + LANES];
-            for (sum, weights) in tile.iter_mut().zip(weights) {
-                let weight = weights[position];
-                for (s, &v) in sum.iter_mut().zip(value) {
-                    *s = Self::multiply_add(weight, v, *s);
-                }
+        // SAFETY: the caller's contract, with `columns` `COLUMNS` or `LANES`.
+        unsafe {
+            match columns == Self::COLUMNS {
+                true => value_tile::<V, COLUMN_VECTORS>(weights, values, column, sums),
+                false => value_tile::<V, STEP_VECTORS>(weights, values, column, sums),
             }
-        }
-        for (sums, tile) in sums.iter_mut().zip(&tile) {
-            sums[..LANES].copy_from_slice(tile);
         }
     }
 }
 
-/// The AVX-512 and AVX2 tiles, in intrinsics: each keeps its `ROWS x` tile sums in vector
-/// registers (eight for the scores, up to sixteen for the weighted values).
-#[cfg(target_arch = "x86_64")]
-mod x86 {
-    use std::arch::x86_64::*;
-
-    use super::{LANES, MAX_COLUMNS, ROWS, Tiles, ValueRows};
-
-    /// 32-key score tiles (two vectors a row), 64-column value tiles (four vectors a row).
-    pub(super) struct Avx512Tiles;
-
-    impl Tiles for Avx512Tiles {
-        const KEYS: usize = 32;
-        const COLUMNS: usize = 64;
-
-        #[target_feature(enable = "avx512f,fma")]
-        #[inline]
-        unsafe fn score_tile(
-            query: &[[f32; ROWS]],
-            keys: &[f32],
-            scale: f32,
-            scores: &mut [f32],
-            stride: usize,
-        ) {
-            assert!(keys.len() >= query.len() * 32 && scores.len() >= (ROWS - 1) * stride + 32);
-            let mut sums = [[_mm512_setzero_ps(); 2]; ROWS];
-            let keys = keys.as_ptr();
-            for (d, q) in query.iter().enumerate() {
-                // SAFETY: `d * 32 + 32 <= keys.len()` (asserted above).
-                let (k0, k1) = unsafe {
-                    (
-                        _mm512_loadu_ps(keys.add(d * 32)),
-                        _mm512_loadu_ps(keys.add(d * 32 + 16)),
-                    )
-                };
-                for (sum, &q) in sums.iter_mut().zip(q) {
-                    let q = _mm512_set1_ps(q);
-                    sum[0] = _mm512_fmadd_ps(q, k0, sum[0]);
-                    sum[1] = _mm512_fmadd_ps(q, k1, sum[1]);
-                }
-            }
-            let scale = _mm512_set1_ps(scale);
-            for (r, sum) in sums.iter().enumerate() {
-                // SAFETY: row `r` of the scores has 32 places (asserted above).
-                unsafe {
-                    let row = scores.as_mut_ptr().add(r * stride);
-                    _mm512_storeu_ps(row, _mm512_mul_ps(sum[0], scale));
-                    _mm512_storeu_ps(row.add(16), _mm512_mul_ps(sum[1], scale));
-                }
-            }
+/// [`Tiles::value_tile`] over `N` vectors of columns.
+///
+/// # Safety
+/// As [`Tiles::value_tile`], with `columns = N * V::LANES`.
+#[inline(always)]
+unsafe fn value_tile<V: Vector, const N: usize>(
+    weights: &[&[f32]; ROWS],
+    values: &ValueRows,
+    column: usize,
+    sums: &mut [[f32; MAX_COLUMNS]; ROWS],
+) {
+    let (width, values) = (values.width, &values.data);
+    let positions = weights[0].len();
+    assert!(weights.iter().all(|w| w.len() == positions));
+    assert!(column + N * V::LANES <= width && values.len() >= positions * width);
+    assert!(N * V::LANES <= MAX_COLUMNS);
+    // SAFETY (every block): the level's instructions are the caller's contract; row
+    // `position` lies within `values` and the tile's columns within the row, and
+    // `position < positions`, every weight slice's length (all asserted above).
+    let mut tile = [[unsafe { V::zero() }; N]; ROWS];
+    for position in 0..positions {
+        let row = unsafe { values.as_ptr().add(position * width + column) };
+        let mut value = [unsafe { V::zero() }; N];
+        for (v, value) in value.iter_mut().enumerate() {
+            *value = unsafe { V::load(row.add(v * V::LANES)) };
         }
-
-        #[target_feature(enable = "avx512f,fma")]
-        #[inline]
-        unsafe fn value_tile(
-            weights: &[&[f32]; ROWS],
-            values: &ValueRows,
-            column: usize,
-            columns: usize,
-            sums: &mut [[f32; MAX_COLUMNS]; ROWS],
-        ) {
-            // SAFETY: the caller's contract, with `columns` 64 or 16.
-            unsafe {
-                match columns {
-                    64 => value_tile_avx512::<4>(weights, values, column, sums),
-                    _ => value_tile_avx512::<1>(weights, values, column, sums),
-                }
+        for (sum, weights) in tile.iter_mut().zip(weights) {
+            let weight = unsafe { V::splat(*weights.get_unchecked(position)) };
+            for (s, &v) in sum.iter_mut().zip(&value) {
+                *s = unsafe { weight.multiply_add(v, *s) };
             }
         }
     }
-
-    /// [`Tiles::value_tile`] over `V` AVX-512 vectors of columns.
-    ///
-    /// # Safety
-    /// As [`Tiles::value_tile`], with `columns = 16 V`; the CPU must have AVX-512F.
-    #[target_feature(enable = "avx512f,fma")]
-    #[inline]
-    unsafe fn value_tile_avx512<const V: usize>(
-        weights: &[&[f32]; ROWS],
-        values: &ValueRows,
-        column: usize,
-        sums: &mut [[f32; MAX_COLUMNS]; ROWS],
-    ) {
-        let (width, values) = (values.width, &values.data);
-        let positions = weights[0].len();
-        assert!(weights.iter().all(|w| w.len() == positions));
-        assert!(column + 16 * V <= width && values.len() >= positions * width);
-        let mut tile = [[_mm512_setzero_ps(); V]; ROWS];
-        for position in 0..positions {
-            // SAFETY: row `position` is within `values`, columns within the row (asserted).
-            let row = unsafe { values.as_ptr().add(position * width + column) };
-            let mut value = [_mm512_setzero_ps(); V];
-            for (v, value) in value.iter_mut().enumerate() {
-                // SAFETY: as above.
-                *value = unsafe { _mm512_loadu_ps(row.add(16 * v)) };
-            }
-            for (sum, weights) in tile.iter_mut().zip(weights) {
-                // SAFETY: `position < positions`, every weight slice's length.
-                let weight = _mm512_set1_ps(unsafe { *weights.get_unchecked(position) });
-                for (s, &v) in sum.iter_mut().zip(&value) {
-                    *s = _mm512_fmadd_ps(weight, v, *s);
-                }
-            }
-        }
-        for (sums, tile) in sums.iter_mut().zip(&tile) {
-            for (v, &vector) in tile.iter().enumerate() {
-                // SAFETY: `16 V <= MAX_COLUMNS`.
-                unsafe { _mm512_storeu_ps(sums.as_mut_ptr().add(16 * v), vector) };
-            }
-        }
-    }
-
-    /// 16-key score tiles and 16-column value tiles, two vectors a row each.
-    pub(super) struct Avx2Tiles;
-
-    impl Tiles for Avx2Tiles {
-        const KEYS: usize = 16;
-        const COLUMNS: usize = LANES;
-
-        #[target_feature(enable = "avx2,fma")]
-        #[inline]
-        unsafe fn score_tile(
-            query: &[[f32; ROWS]],
-            keys: &[f32],
-            scale: f32,
-            scores: &mut [f32],
-            stride: usize,
-        ) {
-            assert!(keys.len() >= query.len() * 16 && scores.len() >= (ROWS - 1) * stride + 16);
-            let mut sums = [[_mm256_setzero_ps(); 2]; ROWS];
-            let keys = keys.as_ptr();
-            for (d, q) in query.iter().enumerate() {
-                // SAFETY: `d * 16 + 16 <= keys.len()` (asserted above).
-                let (k0, k1) = unsafe {
-                    (
-                        _mm256_loadu_ps(keys.add(d * 16)),
-                        _mm256_loadu_ps(keys.add(d * 16 + 8)),
-                    )
-                };
-                for (sum, &q) in sums.iter_mut().zip(q) {
-                    let q = _mm256_set1_ps(q);
-                    sum[0] = _mm256_fmadd_ps(q, k0, sum[0]);
-                    sum[1] = _mm256_fmadd_ps(q, k1, sum[1]);
-                }
-            }
-            let scale = _mm256_set1_ps(scale);
-            for (r, sum) in sums.iter().enumerate() {
-                // SAFETY: row `r` of the scores has 16 places (asserted above).
-                unsafe {
-                    let row = scores.as_mut_ptr().add(r * stride);
-                    _mm256_storeu_ps(row, _mm256_mul_ps(sum[0], scale));
-                    _mm256_storeu_ps(row.add(8), _mm256_mul_ps(sum[1], scale));
-                }
-            }
-        }
-
-        #[target_feature(enable = "avx2,fma")]
-        #[inline]
-        unsafe fn value_tile(
-            weights: &[&[f32]; ROWS],
-            values: &ValueRows,
-            column: usize,
-            _columns: usize,
-            sums: &mut [[f32; MAX_COLUMNS]; ROWS],
-        ) {
-            let (width, values) = (values.width, &values.data);
-            let positions = weights[0].len();
-            assert!(weights.iter().all(|w| w.len() == positions));
-            assert!(column + 16 <= width && values.len() >= positions * width);
-            let mut tile = [[_mm256_setzero_ps(); 2]; ROWS];
-            for position in 0..positions {
-                // SAFETY: row `position` is within `values`, columns within the row (asserted).
-                let (v0, v1) = unsafe {
-                    let row = values.as_ptr().add(position * width + column);
-                    (_mm256_loadu_ps(row), _mm256_loadu_ps(row.add(8)))
-                };
-                for (sum, weights) in tile.iter_mut().zip(weights) {
-                    // SAFETY: `position < positions`, every weight slice's length.
-                    let weight = _mm256_set1_ps(unsafe { *weights.get_unchecked(position) });
-                    sum[0] = _mm256_fmadd_ps(weight, v0, sum[0]);
-                    sum[1] = _mm256_fmadd_ps(weight, v1, sum[1]);
-                }
-            }
-            for (sums, tile) in sums.iter_mut().zip(&tile) {
-                // SAFETY: 16 <= MAX_COLUMNS.
-                unsafe {
-                    _mm256_storeu_ps(sums.as_mut_ptr(), tile[0]);
-                    _mm256_storeu_ps(sums.as_mut_ptr().add(8), tile[1]);
-                }
-            }
+    for (sums, tile) in sums.iter_mut().zip(&tile) {
+        for (v, &vector) in tile.iter().enumerate() {
+            // SAFETY: `N * LANES <= MAX_COLUMNS` (asserted above).
+            unsafe { vector.store(sums.as_mut_ptr().add(v * V::LANES)) };
         }
     }
 }

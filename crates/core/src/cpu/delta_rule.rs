@@ -109,6 +109,7 @@ struct RuleJob<'a> {
 }
 
 impl HeadJob for RuleJob<'_> {
+    #[inline(always)]
     unsafe fn run<T: Tiles>(&self, task: usize, out: &mut [f32]) {
         let Sizes { tokens, dk, dv, .. } = self.sizes;
         let (output, state) = out.split_at_mut(tokens * dv);

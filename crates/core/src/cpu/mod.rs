@@ -30,6 +30,7 @@ mod selective_scan;
 mod softmax;
 mod ssd;
 mod tracked;
+mod vector;
 
 pub(crate) use causal_conv::{ConvOperands, causal_conv};
 pub(crate) use decode_attention::attend as decode_attention;

@@ -137,6 +137,7 @@ struct ProductsJob<'a> {
 }
 
 impl HeadJob for ProductsJob<'_> {
+    #[inline(always)]
     unsafe fn run<T: Tiles>(&self, task: usize, out: &mut [f32]) {
         let shape = self.shape;
         let chunks = shape.tokens.div_ceil(shape.chunk);
@@ -192,6 +193,7 @@ struct ScanJob<'a> {
 }
 
 impl HeadJob for ScanJob<'_> {
+    #[inline(always)]
     unsafe fn run<T: Tiles>(&self, task: usize, out: &mut [f32]) {
         let shape = self.shape;
         let (p, n) = (shape.p, shape.n);

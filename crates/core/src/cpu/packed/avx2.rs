@@ -1,135 +1,98 @@
 //! The AVX2 product kernel (with FMA, and F16C to widen f16 weights): a decode step's one or
-//! two rows over whole panel rows, taller tiles in half-panel passes of up to [`AVX2_ROWS`] rows
-//! (the structure the NEON kernel copies).
+//! two rows over whole panel rows, taller tiles in half-panel passes
+//! ([`half_pass`](super::half_pass), the structure the NEON kernel shares).
 
-use super::half_pass::{HalfPass, HalfRow, for_each_input};
+use super::half_pass::{
+    HalfPanelKernel, HalfPass, for_each_input, run_tile, store_half, store_whole_panel,
+};
 use super::prefetch::{Upcoming, prefetch_ahead};
-use super::{Element, PANEL, PanelRow, Start, Tile, store_scalar};
+use super::{Element, PanelRow, Tile};
 use crate::precision::WeightDtype;
 
-/// Rows one AVX2 kernel pass keeps in registers: `6 x 16` sums (half a panel) in 12 of the 16
-/// vector registers, beside the half panel row (2) and one broadcast activation (BLIS' Haswell
-/// tile). A whole panel in one pass (`3 x 32`) needs 17 and spilled two sums to the stack; one
-/// or two rows fit a whole panel (a decode step then streams each weight once).
-const AVX2_ROWS: usize = 6;
-
-/// The AVX2 kernel: a tile of one or two rows (a decode step) in one pass over whole panel rows,
-/// streaming each weight once; taller tiles in passes of up to [`AVX2_ROWS`] rows and half a
-/// panel's columns, each over the whole block of panel rows (which stays in L1 between passes).
+/// The AVX2 kernel ([`run_tile`] with [`Avx2`]).
 ///
 /// # Safety
-/// The CPU must have AVX2, FMA and F16C, `strip` must hold `tile.weights.len() * height` floats,
-/// and `tile.output` must address `height` rows of `tile.columns` writable floats, `tile.stride`
-/// apart.
+/// As [`run_tile`]: the CPU must have AVX2, FMA and F16C.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(super) unsafe fn tile_avx2<E: Element>(tile: &Tile<'_, E>, strip: &[f32], height: usize) {
-    debug_assert_eq!(strip.len(), tile.weights.len() * height);
-    // SAFETY (all four calls): the caller's contract, for the rows each pass names.
-    match height {
-        1 => return unsafe { avx2_whole_panel::<1, E>(tile, strip) },
-        2 => return unsafe { avx2_whole_panel::<2, E>(tile, strip) },
-        _ => {}
-    }
-    let mut upcoming = Upcoming::over(tile.upcoming, tile.weights.len());
-    for (rows, pass) in HalfPass::all(height, tile.columns, AVX2_ROWS) {
-        let upcoming = &mut upcoming;
-        macro_rules! by_rows {
-            ($half:literal) => {
-                match rows {
-                    1 => avx2_pass::<1, $half, E>(tile, strip, pass, upcoming),
-                    2 => avx2_pass::<2, $half, E>(tile, strip, pass, upcoming),
-                    3 => avx2_pass::<3, $half, E>(tile, strip, pass, upcoming),
-                    4 => avx2_pass::<4, $half, E>(tile, strip, pass, upcoming),
-                    5 => avx2_pass::<5, $half, E>(tile, strip, pass, upcoming),
-                    _ => avx2_pass::<AVX2_ROWS, $half, E>(tile, strip, pass, upcoming),
-                }
-            };
-        }
-        unsafe {
-            match pass.half {
-                0 => by_rows!(0),
-                _ => by_rows!(1),
-            }
-        }
-    }
-}
-
-/// A tile of `R` (one or two) rows over whole panel rows: `R x 32` sums in `4R` registers.
-///
-/// # Safety
-/// As [`tile_avx2`], with `height == R`.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn avx2_whole_panel<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f32]) {
-    use std::arch::x86_64::*;
-    let mut sums = [[[_mm256_setzero_ps(); 2]; 2]; R];
-    for (row, x) in tile.weights.iter().zip(strip.as_chunks::<R>().0) {
-        prefetch_ahead::<R, E>(row);
-        let halves = [widen_half_avx2(row, 0), widen_half_avx2(row, 1)];
-        for (sum, &x) in sums.iter_mut().zip(x) {
-            let x = _mm256_set1_ps(x);
-            for (sum, weights) in sum.iter_mut().zip(&halves) {
-                sum[0] = _mm256_fmadd_ps(x, weights[0], sum[0]);
-                sum[1] = _mm256_fmadd_ps(x, weights[1], sum[1]);
-            }
-        }
-    }
-    for half in 0..tile.columns.div_ceil(PANEL / 2) {
-        let pass = HalfPass {
-            height: R,
-            first: 0,
-            half,
-        };
-        // SAFETY: the caller's contract.
-        unsafe { store_avx2(sums.map(|sum| sum[half]), tile, pass) }
-    }
-}
-
-/// Rows `first..first + R`, one half panel, of an AVX2 tile: `R x 16` sums in `2R` registers,
-/// one rank-1 update per input. Only a tile's first pass asks for the panel rows ahead: the
-/// block stays in cache for the passes after it, where a prefetch per input would take load
-/// slots from the broadcasts; those passes ask for the task's next block instead, a few panel
-/// rows a pass ([`Upcoming`]).
-///
-/// Each half is a copy of its own (`WHICH_HALF`, the pass's `half`). With the half a run-time
-/// value the loop kept both widenings of a bf16 panel row (a shift; a mask and its constant),
-/// which pushed two sums out of the 16 registers to the stack on every input: bf16 weights'
-/// prompt calls took 1.8x f32's (a Llama-shaped 8 x 128-token call, 2078 against 1157 ms on
-/// Zen 4 capped to AVX2; 1136-1246 since, f16 1275 -> 1133, f32 unchanged).
-///
-/// # Safety
-/// As [`tile_avx2`], with `first + R <= height` and `pass.half == WHICH_HALF`.
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn avx2_pass<'a, const R: usize, const WHICH_HALF: usize, E: Element>(
-    tile: &Tile<'a, E>,
-    strip: &[f32],
-    pass: HalfPass,
-    upcoming: &mut Upcoming<'a, E>,
-) {
-    use std::arch::x86_64::*;
-    debug_assert_eq!(pass.half, WHICH_HALF);
-    let mut sums = [[_mm256_setzero_ps(); 2]; R];
-    let mut update = |row: &PanelRow<E>, x: &[f32; R]| {
-        let [low, high] = widen_half_avx2(row, WHICH_HALF);
-        for (sum, &x) in sums.iter_mut().zip(x) {
-            let x = _mm256_set1_ps(x);
-            sum[0] = _mm256_fmadd_ps(x, low, sum[0]);
-            sum[1] = _mm256_fmadd_ps(x, high, sum[1]);
-        }
-    };
-    if pass.opens_tile() {
-        // The tile's first pass brings the block (both halves) into L1 for the others.
-        for_each_input(tile.weights, strip, pass, |row, x| {
-            prefetch_ahead::<R, E>(row);
-            update(row, x);
-        });
-    } else {
-        for_each_input(tile.weights, strip, pass, |row, x| {
-            upcoming.step();
-            update(row, x);
-        });
-    }
     // SAFETY: the caller's contract.
-    unsafe { store_avx2(sums, tile, pass) }
+    unsafe { run_tile::<Avx2, E>(tile, strip, height) }
+}
+
+/// The AVX2 half-panel kernel.
+struct Avx2;
+
+impl HalfPanelKernel for Avx2 {
+    /// A tile of `R` (one or two) rows over whole panel rows: `R x 32` sums in `4R` registers.
+    ///
+    /// # Safety
+    /// As [`run_tile`], with `height == R`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn whole_panel<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f32]) {
+        use std::arch::x86_64::*;
+        let mut sums = [[[_mm256_setzero_ps(); 2]; 2]; R];
+        for (row, x) in tile.weights.iter().zip(strip.as_chunks::<R>().0) {
+            prefetch_ahead::<R, E>(row);
+            let halves = [widen_half_avx2(row, 0), widen_half_avx2(row, 1)];
+            for (sum, &x) in sums.iter_mut().zip(x) {
+                let x = _mm256_set1_ps(x);
+                for (sum, weights) in sum.iter_mut().zip(&halves) {
+                    sum[0] = _mm256_fmadd_ps(x, weights[0], sum[0]);
+                    sum[1] = _mm256_fmadd_ps(x, weights[1], sum[1]);
+                }
+            }
+        }
+        // SAFETY: the caller's contract.
+        unsafe { store_whole_panel(sums, tile) }
+    }
+
+    /// Rows `first..first + R`, one half panel, of an AVX2 tile: `R x 16` sums in `2R` registers,
+    /// one rank-1 update per input. Only a tile's first pass asks for the panel rows ahead: the
+    /// block stays in cache for the passes after it, where a prefetch per input would take load
+    /// slots from the broadcasts; those passes ask for the task's next block instead, a few panel
+    /// rows a pass ([`Upcoming`]).
+    ///
+    /// Each half is a copy of its own (`WHICH_HALF`, the pass's `half`). With the half a run-time
+    /// value the loop kept both widenings of a bf16 panel row (a shift; a mask and its constant),
+    /// which pushed two sums out of the 16 registers to the stack on every input: bf16 weights'
+    /// prompt calls took 1.8x f32's (a Llama-shaped 8 x 128-token call, 2078 against 1157 ms on
+    /// Zen 4 capped to AVX2; 1136-1246 since, f16 1275 -> 1133, f32 unchanged).
+    ///
+    /// # Safety
+    /// As [`run_tile`], with `first + R <= height` and `pass.half == WHICH_HALF`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn half_pass<'a, const R: usize, const WHICH_HALF: usize, E: Element>(
+        tile: &Tile<'a, E>,
+        strip: &[f32],
+        pass: HalfPass,
+        upcoming: &mut Upcoming<'a, E>,
+    ) {
+        use std::arch::x86_64::*;
+        debug_assert_eq!(pass.half, WHICH_HALF);
+        let mut sums = [[_mm256_setzero_ps(); 2]; R];
+        let mut update = |row: &PanelRow<E>, x: &[f32; R]| {
+            let [low, high] = widen_half_avx2(row, WHICH_HALF);
+            for (sum, &x) in sums.iter_mut().zip(x) {
+                let x = _mm256_set1_ps(x);
+                sum[0] = _mm256_fmadd_ps(x, low, sum[0]);
+                sum[1] = _mm256_fmadd_ps(x, high, sum[1]);
+            }
+        };
+        if pass.opens_tile() {
+            // The tile's first pass brings the block (both halves) into L1 for the others.
+            for_each_input(tile.weights, strip, pass, |row, x| {
+                prefetch_ahead::<R, E>(row);
+                update(row, x);
+            });
+        } else {
+            for_each_input(tile.weights, strip, pass, |row, x| {
+                upcoming.step();
+                update(row, x);
+            });
+        }
+        // SAFETY: the caller's contract.
+        unsafe { store_half(sums, tile, pass) }
+    }
 }
 
 /// Columns `16 * half..16 * half + 16` of a panel row widened to f32, eight a register.
@@ -171,56 +134,6 @@ fn widen_half_avx2<E: Element>(row: &PanelRow<E>, half: usize) -> [std::arch::x8
                     _mm256_cvtph_ps(_mm_load_si128(at.add(16).cast())),
                 ]
             }
-        }
-    }
-}
-
-/// Adds an AVX2 pass's sums to their start (bias, zero or the partial sums) and stores them;
-/// always inlined, as `avx512::store_avx512` is, for the same reason.
-///
-/// # Safety
-/// The CPU must have AVX, and `tile.output` must address rows `first..first + R` of
-/// `tile.columns` writable floats, `tile.stride` apart.
-#[inline(always)]
-unsafe fn store_avx2<const R: usize, E: Element>(
-    sums: [[std::arch::x86_64::__m256; 2]; R],
-    tile: &Tile<'_, E>,
-    pass: HalfPass,
-) {
-    use std::arch::x86_64::*;
-    // SAFETY: the caller's contract is `output_rows`'.
-    let rows = unsafe { pass.output_rows(tile, R) };
-    for (
-        sum,
-        HalfRow {
-            out,
-            columns,
-            start,
-        },
-    ) in sums.iter().zip(rows)
-    {
-        if columns == PANEL / 2 {
-            for (v, sum) in sum.iter().enumerate() {
-                // SAFETY: a whole half panel: 16 writable floats in the row, 16 in the bias.
-                unsafe {
-                    let at = out.add(8 * v);
-                    let base = match start {
-                        Start::Accumulate => _mm256_loadu_ps(at),
-                        Start::Bias(Some(bias)) => _mm256_loadu_ps(bias.as_ptr().add(8 * v)),
-                        Start::Bias(None) => _mm256_setzero_ps(),
-                    };
-                    _mm256_storeu_ps(at, _mm256_add_ps(*sum, base));
-                }
-            }
-        } else {
-            // A matrix's last, partial panel: through a buffer, its `columns` values only.
-            let mut lanes = [0.0f32; PANEL / 2];
-            for (v, sum) in sum.iter().enumerate() {
-                // SAFETY: `lanes` holds 16 floats.
-                unsafe { _mm256_storeu_ps(lanes.as_mut_ptr().add(8 * v), *sum) };
-            }
-            // SAFETY: `columns` writable floats from `out` (the caller's contract).
-            unsafe { store_scalar(out, &lanes[..columns], start) }
         }
     }
 }

@@ -1,7 +1,83 @@
-//! The pass structure of the half-panel kernels (AVX2, NEON): which rows and half panel a pass
-//! computes, and the loop over a pass's inputs.
+//! The pass structure of the half-panel kernels (AVX2, NEON): the passes a tile takes
+//! ([`run_tile`]), which rows and half panel each computes, the loop over a pass's inputs and
+//! the store of its sums.
 
-use super::{Element, PANEL, PanelRow, Start, Tile};
+use super::prefetch::Upcoming;
+use super::{Element, PANEL, PanelRow, Start, Tile, store_scalar};
+use crate::cpu::vector::Vector;
+
+/// Rows one half pass keeps in registers: `6 x 16` sums (half a panel), in 12 of AVX2's 16
+/// vector registers beside the half panel row (2) and one broadcast activation (BLIS' Haswell
+/// tile), and in 24 of NEON's 32 beside the half panel row (4) and the activations. A whole
+/// panel in one AVX2 pass (`3 x 32`) needs 17 and spilled two sums to the stack; one or two
+/// rows fit a whole panel (a decode step then streams each weight once).
+pub(super) const PASS_ROWS: usize = 6;
+
+/// A half-panel kernel (AVX2, NEON): its two shapes of tile, each compiled with its rows (and
+/// half panel) as constants, which [`run_tile`] picks.
+pub(super) trait HalfPanelKernel {
+    /// A tile of `R` (one or two) rows over whole panel rows: `R x 32` sums in registers.
+    ///
+    /// # Safety
+    /// As [`run_tile`], with `height == R`.
+    unsafe fn whole_panel<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f32]);
+
+    /// Rows `pass.first..pass.first + R`, half panel `WHICH_HALF` (the pass's `half`), of a
+    /// tile: `R x 16` sums in registers, one rank-1 update per input.
+    ///
+    /// # Safety
+    /// As [`run_tile`], with `pass.first + R <= pass.height` and `pass.half == WHICH_HALF`.
+    unsafe fn half_pass<'a, const R: usize, const WHICH_HALF: usize, E: Element>(
+        tile: &Tile<'a, E>,
+        strip: &[f32],
+        pass: HalfPass,
+        upcoming: &mut Upcoming<'a, E>,
+    );
+}
+
+/// Kernel `K` on a tile of `height` rows: one or two rows (a decode step) in one pass over whole
+/// panel rows, streaming each weight once; taller tiles in passes of up to [`PASS_ROWS`] rows
+/// and half a panel's columns, each over the whole block of panel rows (which stays in L1
+/// between passes).
+///
+/// # Safety
+/// The CPU must have `K`'s instructions, `strip` must hold `tile.weights.len() * height`
+/// floats, and `tile.output` must address `height` rows of `tile.columns` writable floats,
+/// `tile.stride` apart.
+#[inline(always)]
+pub(super) unsafe fn run_tile<K: HalfPanelKernel, E: Element>(
+    tile: &Tile<'_, E>,
+    strip: &[f32],
+    height: usize,
+) {
+    debug_assert_eq!(strip.len(), tile.weights.len() * height);
+    // SAFETY (every call): the caller's contract, for the rows each pass names.
+    match height {
+        1 => return unsafe { K::whole_panel::<1, E>(tile, strip) },
+        2 => return unsafe { K::whole_panel::<2, E>(tile, strip) },
+        _ => {}
+    }
+    let mut upcoming = Upcoming::over(tile.upcoming, tile.weights.len());
+    for (rows, pass) in HalfPass::all(height, tile.columns, PASS_ROWS) {
+        let upcoming = &mut upcoming;
+        unsafe {
+            match (pass.half, rows) {
+                (0, 1) => K::half_pass::<1, 0, E>(tile, strip, pass, upcoming),
+                (0, 2) => K::half_pass::<2, 0, E>(tile, strip, pass, upcoming),
+                (0, 3) => K::half_pass::<3, 0, E>(tile, strip, pass, upcoming),
+                (0, 4) => K::half_pass::<4, 0, E>(tile, strip, pass, upcoming),
+                (0, 5) => K::half_pass::<5, 0, E>(tile, strip, pass, upcoming),
+                (0, _) => K::half_pass::<PASS_ROWS, 0, E>(tile, strip, pass, upcoming),
+                (_, 1) => K::half_pass::<1, 1, E>(tile, strip, pass, upcoming),
+                (_, 2) => K::half_pass::<2, 1, E>(tile, strip, pass, upcoming),
+                (_, 3) => K::half_pass::<3, 1, E>(tile, strip, pass, upcoming),
+                (_, 4) => K::half_pass::<4, 1, E>(tile, strip, pass, upcoming),
+                (_, 5) => K::half_pass::<5, 1, E>(tile, strip, pass, upcoming),
+                (_, _) => K::half_pass::<PASS_ROWS, 1, E>(tile, strip, pass, upcoming),
+            }
+        }
+    }
+}
 
 /// Which part of a tile one pass of a half-panel kernel (AVX2, NEON) computes.
 #[derive(Clone, Copy)]
@@ -70,6 +146,79 @@ impl HalfPass {
     /// memory in a block's first tile); the later ones ask for the next block ([`Upcoming`](super::prefetch::Upcoming)).
     pub(super) fn opens_tile(self) -> bool {
         (self.first, self.half) == (0, 0)
+    }
+}
+
+/// Adds a half pass's sums (`R` rows of `N` vectors, half a panel) to their start (bias, zero
+/// or the partial sums) and stores them; always inlined into the kernel, whose target features
+/// its vectors need.
+///
+/// # Safety
+/// The CPU must have `V`'s instructions, and `tile.output` must address rows
+/// `pass.first..pass.first + R` of `tile.columns` writable floats, `tile.stride` apart.
+#[inline(always)]
+pub(super) unsafe fn store_half<V: Vector, const N: usize, const R: usize, E: Element>(
+    sums: [[V; N]; R],
+    tile: &Tile<'_, E>,
+    pass: HalfPass,
+) {
+    const { assert!(N * V::LANES == PANEL / 2) };
+    // SAFETY: the caller's contract is `output_rows`'.
+    let rows = unsafe { pass.output_rows(tile, R) };
+    for (
+        sum,
+        HalfRow {
+            out,
+            columns,
+            start,
+        },
+    ) in sums.iter().zip(rows)
+    {
+        if columns == PANEL / 2 {
+            for (v, sum) in sum.iter().enumerate() {
+                // SAFETY: a whole half panel: 16 writable floats in the row, 16 in the bias;
+                // the level's instructions are the caller's contract.
+                unsafe {
+                    let at = out.add(V::LANES * v);
+                    let base = match start {
+                        Start::Accumulate => V::load(at),
+                        Start::Bias(Some(bias)) => V::load(bias.as_ptr().add(V::LANES * v)),
+                        Start::Bias(None) => V::zero(),
+                    };
+                    sum.add(base).store(at);
+                }
+            }
+        } else {
+            // A matrix's last, partial panel: through a buffer, its `columns` values only.
+            let mut lanes = [0.0f32; PANEL / 2];
+            for (v, sum) in sum.iter().enumerate() {
+                // SAFETY: `lanes` holds 16 floats.
+                unsafe { sum.store(lanes.as_mut_ptr().add(V::LANES * v)) };
+            }
+            // SAFETY: `columns` writable floats from `out` (the caller's contract).
+            unsafe { store_scalar(out, &lanes[..columns], start) }
+        }
+    }
+}
+
+/// Stores a whole-panel tile's sums (`R` rows of two halves of `N` vectors), a half panel at a
+/// time ([`store_half`]).
+///
+/// # Safety
+/// As [`store_half`], for rows `0..R` of the tile.
+#[inline(always)]
+pub(super) unsafe fn store_whole_panel<V: Vector, const N: usize, const R: usize, E: Element>(
+    sums: [[[V; N]; 2]; R],
+    tile: &Tile<'_, E>,
+) {
+    for half in 0..tile.columns.div_ceil(PANEL / 2) {
+        let pass = HalfPass {
+            height: R,
+            first: 0,
+            half,
+        };
+        // SAFETY: the caller's contract.
+        unsafe { store_half(sums.map(|sum| sum[half]), tile, pass) }
     }
 }
 

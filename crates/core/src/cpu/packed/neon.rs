@@ -2,7 +2,7 @@
 //!
 //! A tile of one or two rows (a decode step) runs in one pass over whole panel rows (`2 x 32`
 //! sums in 16 registers beside the 8 of a widened panel row), streaming each weight once;
-//! taller tiles run in passes of up to [`NEON_ROWS`] rows and half a panel's columns (`6 x 16`
+//! taller tiles run in passes of up to six rows and half a panel's columns (`6 x 16`
 //! sums in 24 registers, beside the 4 of a half panel row and one vector of activations), each
 //! over the whole block of panel rows, which stays in L1 between passes. bf16 weights widen
 //! with one shift or mask per four columns, f16 weights with one `fcvtl` (a conversion, no
@@ -11,18 +11,17 @@
 //! Speed on aarch64 is not measured here (the project's machines are x86_64; these kernels are
 //! checked under qemu, which says nothing of speed): they keep the register budget and loop
 //! shape of the AVX2 kernel that was measured, one input an iteration where AVX2 takes four
-//! ([`super::half_pass::INPUTS_PER_ITERATION`]), and no inner loop of the release assembly spills a sum.
+//! ([`super::half_pass::INPUTS_PER_ITERATION`]), and of the 42 inner loops of the release assembly
+//! one spills a sum (see `Neon::half_pass`).
 
 use std::arch::aarch64::*;
 
-use super::half_pass::{HalfPass, HalfRow, for_each_input};
+use super::half_pass::{
+    HalfPanelKernel, HalfPass, for_each_input, run_tile, store_half, store_whole_panel,
+};
 use super::prefetch::Upcoming;
-use super::{Element, PANEL, PanelRow, Start, Tile, store_scalar};
+use super::{Element, PANEL, PanelRow, Tile};
 use crate::precision::WeightDtype;
-
-/// Rows one pass keeps in registers: `6 x 16` sums (half a panel) in 24 of the 32 vector
-/// registers.
-const NEON_ROWS: usize = 6;
 
 /// Floats in a NEON register.
 const LANES: usize = 4;
@@ -30,97 +29,81 @@ const LANES: usize = 4;
 /// Registers of half a panel row, widened.
 const HALF: usize = PANEL / 2 / LANES;
 
-/// The NEON kernel for a tile of `height` rows. Kept out of line, as the x86 kernels are by
+/// The NEON kernel ([`run_tile`] with [`Neon`]). Kept out of line, as the x86 kernels are by
 /// their target features: one function a kernel in profiles and in the release assembly, where
 /// its spills are counted.
 ///
 /// # Safety
-/// `strip` must hold `tile.weights.len() * height` floats, and `tile.output` must address
-/// `height` rows of `tile.columns` writable floats, `tile.stride` apart. (NEON is part of
-/// every aarch64 CPU.)
+/// As [`run_tile`] (NEON is part of every aarch64 CPU).
 #[inline(never)]
 pub(super) unsafe fn tile_neon<E: Element>(tile: &Tile<'_, E>, strip: &[f32], height: usize) {
-    debug_assert_eq!(strip.len(), tile.weights.len() * height);
-    // SAFETY (all calls): the caller's contract, for the rows each pass names.
-    match height {
-        1 => return unsafe { whole_panel::<1, E>(tile, strip) },
-        2 => return unsafe { whole_panel::<2, E>(tile, strip) },
-        _ => {}
-    }
-    let mut upcoming = Upcoming::over(tile.upcoming, tile.weights.len());
-    for (rows, pass) in HalfPass::all(height, tile.columns, NEON_ROWS) {
-        let upcoming = &mut upcoming;
-        unsafe {
-            match rows {
-                1 => half_pass::<1, E>(tile, strip, pass, upcoming),
-                2 => half_pass::<2, E>(tile, strip, pass, upcoming),
-                3 => half_pass::<3, E>(tile, strip, pass, upcoming),
-                4 => half_pass::<4, E>(tile, strip, pass, upcoming),
-                5 => half_pass::<5, E>(tile, strip, pass, upcoming),
-                _ => half_pass::<NEON_ROWS, E>(tile, strip, pass, upcoming),
-            }
-        }
-    }
+    // SAFETY: the caller's contract.
+    unsafe { run_tile::<Neon, E>(tile, strip, height) }
 }
 
-/// A tile of `R` (one or two) rows over whole panel rows: `R x 32` sums in `8R` registers.
-///
-/// # Safety
-/// As [`tile_neon`], with `height == R`.
-unsafe fn whole_panel<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f32]) {
-    // SAFETY: NEON is always present on aarch64.
-    let mut sums = [[[unsafe { vdupq_n_f32(0.0) }; HALF]; 2]; R];
-    for (row, x) in tile.weights.iter().zip(strip.as_chunks::<R>().0) {
-        let halves = [widen_half(row, 0), widen_half(row, 1)];
-        for (sum, &x) in sums.iter_mut().zip(x) {
-            for (sum, weights) in sum.iter_mut().zip(&halves) {
-                for (s, w) in sum.iter_mut().zip(weights) {
+/// The NEON half-panel kernel.
+struct Neon;
+
+impl HalfPanelKernel for Neon {
+    /// A tile of `R` (one or two) rows over whole panel rows: `R x 32` sums in `8R` registers.
+    ///
+    /// # Safety
+    /// As [`run_tile`], with `height == R`.
+    unsafe fn whole_panel<const R: usize, E: Element>(tile: &Tile<'_, E>, strip: &[f32]) {
+        // SAFETY: NEON is always present on aarch64.
+        let mut sums = [[[unsafe { vdupq_n_f32(0.0) }; HALF]; 2]; R];
+        for (row, x) in tile.weights.iter().zip(strip.as_chunks::<R>().0) {
+            let halves = [widen_half(row, 0), widen_half(row, 1)];
+            for (sum, &x) in sums.iter_mut().zip(x) {
+                for (sum, weights) in sum.iter_mut().zip(&halves) {
+                    for (s, w) in sum.iter_mut().zip(weights) {
+                        // SAFETY: NEON is always present on aarch64.
+                        *s = unsafe { vfmaq_n_f32(*s, *w, x) };
+                    }
+                }
+            }
+        }
+        // SAFETY: the caller's contract.
+        unsafe { store_whole_panel(sums, tile) }
+    }
+
+    /// Rows `first..first + R`, one half panel, of a tile: `R x 16` sums in `4R` registers, one
+    /// rank-1 update per input; the passes after a tile's first ask for the task's next block, a
+    /// few panel rows a pass, as the AVX2 passes do. Each half is a copy of its own (`WHICH_HALF`,
+    /// the pass's `half`), as in the AVX2 kernel: with the half a run-time value, whether LLVM
+    /// split the bf16 loop by half (a shift or a mask) was up to its heuristics, and in one build
+    /// it did not: the loop computed both widenings and selected one, with 12 spill loads and
+    /// stores an input. Now only the six-row pass over a bf16 panel's high half keeps one sum on
+    /// the stack (two spill instructions an input, beside 24 multiply-adds): its mask constant
+    /// takes the 32nd register. LLVM folds two shifts into the same mask.
+    ///
+    /// # Safety
+    /// As [`run_tile`], with `first + R <= height` and `pass.half == WHICH_HALF`.
+    unsafe fn half_pass<'a, const R: usize, const WHICH_HALF: usize, E: Element>(
+        tile: &Tile<'a, E>,
+        strip: &[f32],
+        pass: HalfPass,
+        upcoming: &mut Upcoming<'a, E>,
+    ) {
+        debug_assert_eq!(pass.half, WHICH_HALF);
+        // SAFETY: NEON is always present on aarch64.
+        let mut sums = [[unsafe { vdupq_n_f32(0.0) }; HALF]; R];
+        let opens_tile = pass.opens_tile();
+        for_each_input(tile.weights, strip, pass, |row, x: &[f32; R]| {
+            if !opens_tile {
+                upcoming.step();
+            }
+            let weights = widen_half(row, WHICH_HALF);
+            for (sum, &x) in sums.iter_mut().zip(x) {
+                for (s, w) in sum.iter_mut().zip(&weights) {
                     // SAFETY: NEON is always present on aarch64.
                     *s = unsafe { vfmaq_n_f32(*s, *w, x) };
                 }
             }
-        }
-    }
-    for half in 0..tile.columns.div_ceil(PANEL / 2) {
-        let pass = HalfPass {
-            height: R,
-            first: 0,
-            half,
-        };
+        });
         // SAFETY: the caller's contract.
-        unsafe { store(sums.map(|sum| sum[half]), tile, pass) }
+        unsafe { store_half(sums, tile, pass) }
     }
-}
-
-/// Rows `first..first + R`, one half panel, of a tile: `R x 16` sums in `4R` registers, one
-/// rank-1 update per input; the passes after a tile's first ask for the task's next block, a
-/// few panel rows a pass, as the AVX2 passes do.
-///
-/// # Safety
-/// As [`tile_neon`], with `first + R <= height`.
-unsafe fn half_pass<'a, const R: usize, E: Element>(
-    tile: &Tile<'a, E>,
-    strip: &[f32],
-    pass: HalfPass,
-    upcoming: &mut Upcoming<'a, E>,
-) {
-    // SAFETY: NEON is always present on aarch64.
-    let mut sums = [[unsafe { vdupq_n_f32(0.0) }; HALF]; R];
-    let opens_tile = pass.opens_tile();
-    for_each_input(tile.weights, strip, pass, |row, x: &[f32; R]| {
-        if !opens_tile {
-            upcoming.step();
-        }
-        let weights = widen_half(row, pass.half);
-        for (sum, &x) in sums.iter_mut().zip(x) {
-            for (s, w) in sum.iter_mut().zip(&weights) {
-                // SAFETY: NEON is always present on aarch64.
-                *s = unsafe { vfmaq_n_f32(*s, *w, x) };
-            }
-        }
-    });
-    // SAFETY: the caller's contract.
-    unsafe { store(sums, tile, pass) }
 }
 
 /// Columns `16 * half..16 * half + 16` of a panel row widened to f32, four a register.
@@ -174,52 +157,4 @@ fn f16_to_f32(bits: uint16x4_t) -> float32x4_t {
         );
     }
     widened
-}
-
-/// Adds a pass's sums to their start (bias, zero or the partial sums) and stores them.
-///
-/// # Safety
-/// `tile.output` must address rows `first..first + R` of `tile.columns` writable floats,
-/// `tile.stride` apart.
-#[inline(always)]
-unsafe fn store<const R: usize, E: Element>(
-    sums: [[float32x4_t; HALF]; R],
-    tile: &Tile<'_, E>,
-    pass: HalfPass,
-) {
-    // SAFETY: the caller's contract is `output_rows`'.
-    let rows = unsafe { pass.output_rows(tile, R) };
-    for (
-        sum,
-        HalfRow {
-            out,
-            columns,
-            start,
-        },
-    ) in sums.iter().zip(rows)
-    {
-        if columns == PANEL / 2 {
-            for (v, sum) in sum.iter().enumerate() {
-                // SAFETY: a whole half panel: 16 writable floats in the row, 16 in the bias.
-                unsafe {
-                    let at = out.add(LANES * v);
-                    let base = match start {
-                        Start::Accumulate => vld1q_f32(at),
-                        Start::Bias(Some(bias)) => vld1q_f32(bias.as_ptr().add(LANES * v)),
-                        Start::Bias(None) => vdupq_n_f32(0.0),
-                    };
-                    vst1q_f32(at, vaddq_f32(*sum, base));
-                }
-            }
-        } else {
-            // A matrix's last, partial panel: through a buffer, its `columns` values only.
-            let mut lanes = [0.0f32; PANEL / 2];
-            for (v, sum) in sum.iter().enumerate() {
-                // SAFETY: `lanes` holds 16 floats.
-                unsafe { vst1q_f32(lanes.as_mut_ptr().add(LANES * v), *sum) };
-            }
-            // SAFETY: `columns` writable floats from `out` (the caller's contract).
-            unsafe { store_scalar(out, &lanes[..columns], start) }
-        }
-    }
 }
