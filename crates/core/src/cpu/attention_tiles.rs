@@ -2,13 +2,14 @@
 //! of a head that use them.
 //!
 //! A head is computed in blocks of [`ROWS`] query rows. Its keys are laid out once in blocks of
-//! `KEYS` positions, `[D, KEYS]` each (32 with AVX-512, 16 with AVX2 and NEON), so that a block's scores
-//! against a row block are `ROWS x KEYS` sums in eight vector registers, one fused multiply-add
-//! per query row and vector per head dimension, no horizontal sums. Its values are copied once
-//! with rows padded to whole vectors, and a row block's weighted values are `ROWS x COLUMNS`
-//! sums in registers (64 columns with AVX-512, 16 otherwise) while the value rows stream past.
-//! The tiles are written once over a [`Vector`] register ([`VectorTiles`]) and sized for each
-//! level's registers; [`for_each_head`] runs a per-head job with the tiles of the level it is given.
+//! `KEYS` positions, `[D, KEYS]` each (32 with AVX-512, 16 with AVX2 and NEON), so that a
+//! block's scores against a row block are `ROWS x KEYS` sums in vector registers, one fused
+//! multiply-add per query row and vector per head dimension, no horizontal sums. Its values are
+//! copied once with rows padded to whole vectors, and a row block's weighted values are
+//! `ROWS x COLUMNS` sums in registers (64 columns with AVX-512, 16 otherwise) while the value
+//! rows stream past. The tiles are written once over a [`Vector`] register ([`VectorTiles`])
+//! and sized for each level's registers; [`for_each_head`] runs a per-head job with the tiles
+//! of the level it is given.
 
 use super::decode_attention::Strided;
 use super::host::parallel_output;
@@ -53,7 +54,8 @@ pub(super) fn for_each_head<J: HeadJob>(
         // SAFETY: as above, AVX2 and FMA.
         #[cfg(target_arch = "x86_64")]
         VectorLevel::Avx2 => unsafe { run_avx2(job, task, out) },
-        // SAFETY: the portable tiles need no instruction beyond the target's baseline.
+        // SAFETY: the baseline tiles need no instruction beyond the target's baseline (NEON
+        // on aarch64, SSE2 on x86-64).
         VectorLevel::Baseline => unsafe { job.run::<BaselineTiles>(task, out) },
     })
 }

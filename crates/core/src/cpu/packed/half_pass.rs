@@ -143,7 +143,7 @@ impl HalfPass {
     }
 
     /// Whether this is a tile's first pass, the one that reads the tile's block first (from
-    /// memory in a block's first tile); the later ones ask for the next block ([`Upcoming`](super::prefetch::Upcoming)).
+    /// memory in a block's first tile); the later ones ask for the next block ([`Upcoming`]).
     pub(super) fn opens_tile(self) -> bool {
         (self.first, self.half) == (0, 0)
     }
