@@ -321,6 +321,8 @@ pub(super) trait Tiles {
 /// `COLUMN_VECTORS` vectors a row, and of `STEP_VECTORS` (one [`LANES`]-wide step) for a head's
 /// columns past the last whole tile. A tile's `ROWS x` vectors of sums stay in registers while
 /// the keys or value rows stream past: one fused multiply-add per row and vector per input.
+/// `STEP_VECTORS` is `LANES / V::LANES`, checked against it: a parameter because stable Rust
+/// cannot size the tile's array by an expression of `V`.
 pub(super) struct VectorTiles<
     V,
     const KEY_VECTORS: usize,
@@ -424,7 +426,7 @@ unsafe fn value_tile<V: Vector, const N: usize>(
     let positions = weights[0].len();
     assert!(weights.iter().all(|w| w.len() == positions));
     assert!(column + N * V::LANES <= width && values.len() >= positions * width);
-    assert!(N * V::LANES <= MAX_COLUMNS);
+    const { assert!(N * V::LANES <= MAX_COLUMNS) };
     // SAFETY (every block): the level's instructions are the caller's contract; row
     // `position` lies within `values` and the tile's columns within the row, and
     // `position < positions`, every weight slice's length (all asserted above).
@@ -444,7 +446,7 @@ unsafe fn value_tile<V: Vector, const N: usize>(
     }
     for (sums, tile) in sums.iter_mut().zip(&tile) {
         for (v, &vector) in tile.iter().enumerate() {
-            // SAFETY: `N * LANES <= MAX_COLUMNS` (asserted above).
+            // SAFETY: `N * V::LANES <= MAX_COLUMNS` (asserted above).
             unsafe { vector.store(sums.as_mut_ptr().add(v * V::LANES)) };
         }
     }
